@@ -1,0 +1,256 @@
+"""Run AWM's generated FastAPI code against per-episode SQLite databases (worker side).
+
+This module is only imported inside worker processes (`awm.worker`): generated code never
+runs in the caller's process.
+
+How one module serves many episodes: while the generated code is imported, SQLAlchemy's
+`create_engine` is replaced so that the engine it builds takes its connections from an
+`EpisodeRouter`. The worker binds the router to one episode's connection for the duration of
+one call, so a handler's `SessionLocal()` reads and writes that episode's DB file and nothing
+else. Connections are kept open per episode (opening SQLite and parsing the schema costs more
+than a typical handler), and every call ends with a rollback of anything left uncommitted,
+as upstream's pool does when a session is dropped.
+
+We do not rewrite the code's text (upstream replaces whole lines, which breaks on multi-line
+calls); we load the module and dispatch requests to its `app` object over ASGI in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+import sys
+import time
+import traceback
+import types
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import sqlalchemy
+import sqlalchemy.engine
+from sqlalchemy.pool import StaticPool
+
+from awm.tools import Observation, ToolSpec, build_request, observation_from_response, tools_from_openapi
+
+
+class EnvCodeError(RuntimeError):
+    """The scenario's environment code failed to import or exposes no app."""
+
+
+class EpisodeRouter:
+    """Hands the current episode's connection to the engines of generated code.
+
+    Each engine the code creates gets a `StaticPool` per episode (made by `pool.recreate()`
+    while that episode is bound), and `use()` swaps the engines' pools for the duration of a
+    call. A StaticPool keeps its one connection, so a call costs no connect, no schema parse
+    and no dialect set-up; its reset-on-return rolls back whatever a handler left open.
+    """
+
+    def __init__(self) -> None:
+        self.current: sqlite3.Connection | None = None
+        self.engines: list[sqlalchemy.engine.Engine] = []  # filled while a module is imported
+
+    def connect(self) -> sqlite3.Connection:
+        if self.current is None:
+            raise RuntimeError("environment code opened a DB connection outside a tool call")
+        return self.current
+
+    @contextlib.contextmanager
+    def bound(self, conn: sqlite3.Connection) -> Iterator[None]:
+        self.current = conn
+        try:
+            yield
+        finally:
+            self.current = None
+            if conn.in_transaction:
+                conn.rollback()
+
+
+class EpisodeDB:
+    """One episode's open connection and its per-engine pools inside a worker."""
+
+    def __init__(self, path: str) -> None:
+        self.conn = sqlite3.connect(path, check_same_thread=False)
+        self.pools: dict[int, Any] = {}
+
+    @contextlib.contextmanager
+    def use(self, env: LoadedEnv, router: EpisodeRouter) -> Iterator[None]:
+        with router.bound(self.conn):
+            for engine in env.engines:
+                pool = self.pools.get(id(engine))
+                if pool is None:
+                    pool = self.pools[id(engine)] = engine.pool.recreate()
+                engine.pool = pool
+            yield
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.dispose()
+        self.conn.close()
+
+
+@contextlib.contextmanager
+def _routed_create_engine(router: EpisodeRouter) -> Iterator[None]:
+    real = sqlalchemy.create_engine
+
+    def create_engine(url: Any = None, *args: Any, **kwargs: Any) -> sqlalchemy.engine.Engine:
+        if not str(url).startswith("sqlite"):
+            raise EnvCodeError(f"environment code asked for a non-SQLite database ({url!r}); AWM uses SQLite only")
+        engine = real("sqlite://", creator=router.connect, poolclass=StaticPool)
+        router.engines.append(engine)
+        return engine
+
+    sqlalchemy.create_engine = sqlalchemy.engine.create_engine = create_engine
+    try:
+        yield
+    finally:
+        sqlalchemy.create_engine = sqlalchemy.engine.create_engine = real
+
+
+@dataclass
+class LoadedEnv:
+    """One scenario's app inside a worker."""
+
+    scenario: str
+    module: types.ModuleType
+    app: Any
+    tools: dict[str, ToolSpec]
+    validators: dict[str, jsonschema.protocols.Validator]
+    load_s: float
+    created_sql: list[str]  # DDL that the code's import-time `create_all` added to the DB
+    engines: list[sqlalchemy.engine.Engine]
+
+
+def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str) -> LoadedEnv:
+    """Import generated code as a fresh module; its import-time DB work hits `scratch_db`."""
+    if not code or not code.strip():
+        raise EnvCodeError(f"scenario {scenario!r} has no environment code (gen_envs full_code is empty)")
+    t0 = time.perf_counter()
+    name = f"awm_env_{scenario}_{id(router)}_{int(t0 * 1e6)}"
+    module = types.ModuleType(name)
+    module.__file__ = f"<awm env {scenario}>"
+    sys.modules[name] = module  # pydantic resolves forward references through sys.modules
+    scratch = sqlite3.connect(scratch_db, check_same_thread=False)
+    router.engines = []
+    before = {r[0] for r in scratch.execute("SELECT name FROM sqlite_master")}
+    os.environ["DATABASE_PATH"] = f"sqlite:///{scratch_db}"  # for code that reads the URL itself
+    try:
+        with warnings.catch_warnings(), _routed_create_engine(router), router.bound(scratch):
+            warnings.simplefilter("ignore")
+            exec(compile(code, module.__file__, "exec"), module.__dict__)  # noqa: S102 - isolated worker process
+            scratch.commit()
+        created_sql = [sql for name_, sql in scratch.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL "
+                                                             "ORDER BY type = 'index', rowid") if name_ not in before]
+    except EnvCodeError:
+        sys.modules.pop(name, None)
+        raise
+    except BaseException as exc:  # a broken module must not take the worker down
+        sys.modules.pop(name, None)
+        raise EnvCodeError(f"scenario {scenario!r}: environment code failed to import: "
+                           f"{type(exc).__name__}: {exc}\n{_short_tb()}") from None
+    finally:
+        scratch.close()
+    engines, router.engines = router.engines, []
+    app = getattr(module, "app", None)
+    if app is None or not callable(app):
+        sys.modules.pop(name, None)
+        raise EnvCodeError(f"scenario {scenario!r}: environment code defines no FastAPI `app`")
+    try:
+        specs = tools_from_openapi(app.openapi())
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise EnvCodeError(f"scenario {scenario!r}: cannot build the OpenAPI document: {exc}") from None
+    tools = {t.name: t for t in specs}
+    validators = {}
+    for t in specs:
+        cls = jsonschema.validators.validator_for(t.input_schema, default=jsonschema.Draft202012Validator)
+        validators[t.name] = cls(t.input_schema)
+    return LoadedEnv(scenario, module, app, tools, validators, time.perf_counter() - t0, created_sql, engines)
+
+
+def unload_env(env: LoadedEnv) -> None:
+    sys.modules.pop(env.module.__name__, None)
+    env.module.__dict__.clear()
+
+
+def _short_tb(limit: int = 6) -> str:
+    return "".join(traceback.format_exc(limit=-limit))
+
+
+def _validation_message(err: jsonschema.ValidationError) -> str:
+    where = "/".join(str(p) for p in err.absolute_path)
+    return f"{where}: {err.message}" if where else err.message
+
+
+async def _asgi_call(app: Any, method: str, path: str, query: bytes, body: bytes | None) -> tuple[int, bytes, str]:
+    """One HTTP exchange with an ASGI app, in-process; returns (status, body, server traceback)."""
+    headers = [(b"host", b"apiserver")]
+    if body is not None:
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query, "root_path": "",
+             "headers": headers, "client": ("127.0.0.1", 0), "server": ("apiserver", 80)}
+    pending = [{"type": "http.request", "body": body or b"", "more_body": False}]
+    status, chunks = 500, []
+
+    async def receive() -> dict[str, Any]:
+        if pending:
+            return pending.pop()
+        await asyncio.Event().wait()  # the app asked for more: nothing will come
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    server_error = ""
+    try:
+        await app(scope, receive, send)
+    except Exception as exc:  # Starlette answers 500 and then re-raises: keep the traceback for logs
+        server_error = f"{type(exc).__name__}: {exc}\n{_short_tb()}"
+        if not chunks:
+            chunks.append(b"Internal Server Error")
+    return status, b"".join(chunks), server_error
+
+
+def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, loop: asyncio.AbstractEventLoop,
+              name: str, arguments: Any) -> Observation:
+    """Validate and dispatch one tool call against the episode's database `db`."""
+    t0 = time.perf_counter()
+    tool = env.tools.get(name)
+    if tool is None:
+        known = ", ".join(sorted(env.tools))
+        return Observation(f"Error: unknown tool '{name}'. Available tools: {known}", is_error=True,
+                           kind="unknown_tool")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as exc:
+            return Observation(f"Input validation error: arguments are not valid JSON ({exc})", is_error=True,
+                               kind="invalid_arguments")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return Observation("Input validation error: arguments must be a JSON object", is_error=True,
+                           kind="invalid_arguments")
+    error = next(iter(env.validators[name].iter_errors(arguments)), None)
+    if error is not None:
+        return Observation(f"Input validation error: {_validation_message(error)}", is_error=True,
+                           kind="invalid_arguments")
+    req = build_request(tool, arguments)
+    with db.use(env, router):
+        status, body, server_error = loop.run_until_complete(_asgi_call(env.app, req.method, req.path,
+                                                                         req.query_string, req.body))
+    obs = observation_from_response(name, status, body)
+    obs.detail = server_error
+    obs.latency_s = time.perf_counter() - t0
+    return obs

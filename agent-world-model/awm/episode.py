@@ -1,0 +1,313 @@
+"""The Python API for rollouts: a runtime that serves isolated episodes of AWM scenarios.
+
+    runtime = EnvRuntime()                       # bundled scenarios; or EnvRuntime(data_dir)
+    ep = await runtime.open("library_lending_1", task_idx=3)
+    ep.tools                                     # [{name, description, inputSchema}, ...]
+    obs = await ep.call("search_books", {"query": "Dune"})   # Observation(text, is_error, ...)
+    snap = await ep.snapshot(); ...; await ep.restore(snap)
+    verdict = await ep.verify(final_answer="...")            # Verdict(verdict="complete", ...)
+    await ep.close()
+
+Every episode owns a private copy of its scenario's template DB; the environment code runs
+in worker processes (`awm.pool`); verifiers run in a sandbox process (`awm.verifier`).
+Failures of the machinery raise `InfraError` subclasses and mark the episode
+(`ep.infra_error`), so a trainer can drop it instead of scoring it 0; mistakes of the agent
+(unknown tool, bad arguments, HTTP errors) come back as error observations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from awm.data import AWMDataset, Scenario, bundled_data_dir, default_cache_dir
+from awm.database import BuildReport, TemplateStore, state_hash
+from awm.pool import EnvLoadError, InfraError, WorkerPool, WorkerRequestError, WorkerSlot
+from awm.tools import Observation, ToolSpec
+from awm.verifier import Verdict, VerifierSandbox
+
+log = logging.getLogger(__name__)
+
+
+def default_episode_dir() -> Path:
+    """Episode DBs live in memory-backed /dev/shm when it has room, else in the temp dir."""
+    shm = Path("/dev/shm")
+    try:
+        if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 << 30:
+            return shm
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir())
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved episode state (a consistent DB copy) that `Episode.restore` can return to."""
+
+    episode_id: str
+    path: Path
+    step: int
+
+
+class EnvRuntime:
+    """Serves many concurrent episodes of many scenarios from one AWM data directory."""
+
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, num_workers: int | None = None,
+                 episode_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 clock: str | None = None, seed: int = 0, call_timeout_s: float = 10.0,
+                 load_timeout_s: float = 120.0, verifier_timeout_s: float = 10.0,
+                 verifier_rule: str = "last_valid", exclude: Any = (), dataset: AWMDataset | None = None) -> None:
+        cache = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.dataset = dataset or AWMDataset(data_dir or bundled_data_dir(), verifier_rule=verifier_rule,
+                                             cache_dir=cache, exclude=exclude)
+        self.templates = TemplateStore(cache / "templates")
+        self.clock, self.seed = clock, seed
+        self.call_timeout_s, self.load_timeout_s = call_timeout_s, load_timeout_s
+        self.verifier_timeout_s = verifier_timeout_s
+        root = Path(episode_dir) if episode_dir else default_episode_dir()
+        self.episode_dir = Path(tempfile.mkdtemp(prefix="awm-episodes-", dir=root))
+        self.pool = WorkerPool(num_workers)
+        self._lock = threading.Lock()
+        self._template_locks: dict[str, threading.Lock] = {}
+        self._templates: dict[str, tuple[Path, BuildReport]] = {}
+        self._tools: dict[str, list[ToolSpec]] = {}
+        self._sandbox: VerifierSandbox | None = None
+        self._counter = itertools.count()
+        self.episodes: dict[str, Episode] = {}
+        self.closed = False
+
+    # ---- scenarios ---------------------------------------------------------------------
+    def scenario(self, name: str) -> Scenario:
+        return self.dataset.scenario(name)
+
+    def template(self, scenario: str) -> tuple[Path, BuildReport]:
+        """The scenario's initial DB, built once (thread-safe) and cached on disk."""
+        with self._lock:
+            if scenario in self._templates:
+                return self._templates[scenario]
+            lock = self._template_locks.setdefault(scenario, threading.Lock())
+        with lock:
+            if scenario not in self._templates:
+                sc = self.dataset.scenario(scenario)
+                if sc.db_schema is None:
+                    raise EnvLoadError(f"scenario {scenario!r} has no gen_db row: its database cannot be built")
+                self._templates[scenario] = self.templates.get_or_build(
+                    sc.name, sc.db_schema, sc.sample_data, clock=self.clock, seed=self.seed)
+        return self._templates[scenario]
+
+    async def _load(self, slot: WorkerSlot, scenario: str) -> list[ToolSpec]:
+        await self.pool.start()
+        path, report = await asyncio.to_thread(self.template, scenario)
+        code = self.dataset.scenario(scenario).full_code
+        if not code:
+            raise EnvLoadError(f"scenario {scenario!r} has no environment code (no gen_envs row)")
+        fut = self.pool.ensure_loaded(slot, scenario, code, str(path), self.load_timeout_s)
+        try:
+            info = await asyncio.shield(fut)
+        except WorkerRequestError as exc:
+            raise EnvLoadError(exc.info.get("message", str(exc))) from None
+        if info["created_sql"]:
+            self._apply_created_tables(path, report, info["created_sql"])
+        with self._lock:
+            if scenario not in self._tools:
+                self._tools[scenario] = [ToolSpec.from_dict(t) for t in info["tools"]]
+        return self._tools[scenario]
+
+    def _apply_created_tables(self, path: Path, report: BuildReport, sql: list[str]) -> None:
+        """Upstream runs the code's `create_all` on the live DB; we fold its effect into the template."""
+        with self._lock:
+            conn = sqlite3.connect(path)
+            try:
+                for stmt in sql:
+                    try:
+                        conn.execute(stmt)
+                    except sqlite3.OperationalError as exc:
+                        if "already exists" not in str(exc):
+                            raise
+                conn.commit()
+            finally:
+                conn.close()
+            report.env_created_tables = sorted(set(report.env_created_tables) | {s.split("(")[0] for s in sql})
+            TemplateStore.save_report(report)
+            log.info("scenario %s: environment code created %d extra schema objects", report.scenario, len(sql))
+
+    async def tools(self, scenario: str) -> list[dict[str, Any]]:
+        """The scenario's tool list as MCP shows it (loads the scenario if needed)."""
+        if scenario not in self._tools:
+            await self.pool.start()
+            await self._load(self.pool.place(scenario), scenario)
+        return [t.public() for t in self._tools[scenario]]
+
+    # ---- episodes ----------------------------------------------------------------------
+    async def open(self, scenario: str, task_idx: int | None = None, *, episode_id: str | None = None) -> Episode:
+        """Start an episode on a fresh copy of the scenario's initial DB."""
+        if self.closed:
+            raise RuntimeError("this EnvRuntime is closed")
+        scenario = self.dataset.scenario(scenario).name
+        task = None
+        if task_idx is not None:
+            tasks = self.dataset.tasks(scenario)
+            if not 0 <= task_idx < len(tasks):
+                raise IndexError(f"scenario {scenario!r} has {len(tasks)} tasks; task_idx {task_idx} is out of range")
+            task = tasks[task_idx]
+        episode_id = episode_id or f"{scenario}-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
+        slot = self.pool.place(scenario)
+        with self._lock:
+            slot.episodes[episode_id] = scenario  # reserve before awaiting so placement sees it
+        try:
+            tools = await self._load(slot, scenario)
+            template, _ = self._templates[scenario]
+            db_path = self.episode_dir / f"{episode_id}.db"
+            shutil.copyfile(template, db_path)
+            generation = slot.generation
+            await self._rpc(slot, generation, "open", {"episode": episode_id, "scenario": scenario,
+                                                       "db_path": str(db_path)}, self.call_timeout_s)
+        except BaseException:
+            with self._lock:
+                slot.episodes.pop(episode_id, None)
+            raise
+        ep = Episode(self, episode_id, scenario, task_idx, task, db_path, template, slot, generation, tools)
+        self.episodes[episode_id] = ep
+        return ep
+
+    async def _rpc(self, slot: WorkerSlot, generation: int, op: str, payload: dict, timeout_s: float) -> Any:
+        return await self.pool.request(slot, op, payload, timeout_s, generation=generation)
+
+    def sandbox(self) -> VerifierSandbox:
+        with self._lock:
+            if self._sandbox is None:
+                self._sandbox = VerifierSandbox()
+            return self._sandbox
+
+    def close(self) -> None:
+        """Stop workers and the sandbox and delete every episode file."""
+        if self.closed:
+            return
+        self.closed = True
+        self.pool.close()
+        if self._sandbox is not None:
+            self._sandbox.close()
+        shutil.rmtree(self.episode_dir, ignore_errors=True)
+
+    async def __aenter__(self) -> EnvRuntime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __enter__(self) -> EnvRuntime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Episode:
+    """One isolated run of a scenario (optionally for one task). Not shared between tasks."""
+
+    def __init__(self, runtime: EnvRuntime, episode_id: str, scenario: str, task_idx: int | None, task: str | None,
+                 db_path: Path, template: Path, slot: WorkerSlot, generation: int, tools: list[ToolSpec]) -> None:
+        self.runtime, self.id, self.scenario = runtime, episode_id, scenario
+        self.task_idx, self.task = task_idx, task
+        self.db_path, self.initial_db = db_path, template
+        self._slot, self._generation = slot, generation
+        self.tool_specs = tools
+        self.tools = [t.public() for t in tools]
+        self.steps = 0
+        self.infra_error: str | None = None
+        self.closed = False
+        self._snapshots = itertools.count()
+        self._busy = asyncio.Lock()
+
+    def _check(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"episode {self.id} is closed")
+        if not self.infra_error and self._slot.generation != self._generation:
+            self.infra_error = self._slot.dead_reason or "its worker process was replaced"
+        if self.infra_error:
+            raise InfraError(f"episode {self.id} already failed: {self.infra_error}")
+
+    async def _rpc(self, op: str, payload: dict, timeout_s: float | None = None) -> Any:
+        self._check()
+        try:
+            return await self.runtime._rpc(self._slot, self._generation, op, {"episode": self.id, **payload},
+                                           timeout_s or self.runtime.call_timeout_s)
+        except InfraError as exc:
+            self.infra_error = str(exc)
+            raise
+
+    async def call(self, tool: str, arguments: dict[str, Any] | str | None = None) -> Observation:
+        """Run one tool call; agent mistakes come back as error observations."""
+        async with self._busy:
+            result = await self._rpc("call", {"tool": tool, "arguments": arguments})
+            self.steps += 1
+            return Observation(**result)
+
+    async def reset(self) -> None:
+        """Return the DB to the scenario's initial state (Gymnasium's reset, minus a new task)."""
+        async with self._busy:
+            await self._rpc("restore", {"source": str(self.initial_db)})
+            self.steps = 0
+
+    async def snapshot(self) -> Snapshot:
+        """Save the current state; cheap (a page copy of a small DB)."""
+        async with self._busy:
+            path = self.db_path.with_name(f"{self.id}.snap{next(self._snapshots)}.db")
+            await self._rpc("snapshot", {"dest": str(path)})
+            return Snapshot(self.id, path, self.steps)
+
+    async def restore(self, snap: Snapshot) -> None:
+        """Go back to a snapshot taken in this episode."""
+        if snap.episode_id != self.id:
+            raise ValueError(f"snapshot belongs to episode {snap.episode_id}, not {self.id}")
+        async with self._busy:
+            await self._rpc("restore", {"source": str(snap.path)})
+            self.steps = snap.step
+
+    def state_hash(self) -> str:
+        """Logical hash of the current DB content (for traces and replay checks)."""
+        return state_hash(self.db_path)
+
+    async def verify(self, final_answer: str | None = None, *, timeout_s: float | None = None) -> Verdict:
+        """Run the task's code verifier on (initial DB, current DB) in the sandbox."""
+        if self.task_idx is None:
+            raise ValueError("this episode was opened without a task: nothing to verify")
+        self._check()
+        row = self.runtime.dataset.verifier(self.scenario, self.task_idx)
+        code = row.code if row else None
+        async with self._busy:
+            return await self.runtime.sandbox().averify(code, str(self.initial_db), str(self.db_path), final_answer,
+                                                        timeout_s=timeout_s or self.runtime.verifier_timeout_s)
+
+    async def close(self) -> None:
+        """Release the DB connection and delete the episode's files."""
+        if self.closed:
+            return
+        self.closed = True
+        rt = self.runtime
+        with rt._lock:
+            self._slot.episodes.pop(self.id, None)
+        rt.episodes.pop(self.id, None)
+        if not self.infra_error and not rt.closed:
+            try:
+                await rt._rpc(self._slot, self._generation, "close", {"episode": self.id}, rt.call_timeout_s)
+            except (InfraError, WorkerRequestError):
+                pass  # the worker is gone or never had it: nothing left to release
+        for path in self.db_path.parent.glob(f"{self.id}.*"):
+            path.unlink(missing_ok=True)
+
+    async def __aenter__(self) -> Episode:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,280 @@
+"""A pool of environment worker processes, seen from the caller's (asyncio) side.
+
+Each worker (`awm.worker`) is a separate Python process with an allow-listed environment.
+The pool talks to it over a socketpair registered with the running event loop: replies are
+parsed in the loop itself and resolve the waiting futures directly (no helper threads, few
+system calls per tool call). A watchdog task enforces per-request deadlines: a worker whose
+current request overruns is killed (it may be stuck in generated code) and replaced at once.
+
+Placement: an episode goes to the worker minimising `open episodes + LOAD_PENALTY` (the
+penalty applies where its scenario is not yet loaded), so a popular scenario spreads over
+workers while a rare one stays in one place. Idle scenarios beyond `max_scenarios` per worker
+are unloaded to bound memory.
+
+The pool belongs to the event loop it was started in; use it from that loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from awm import wire
+
+log = logging.getLogger(__name__)
+
+LOAD_PENALTY = 4
+ENV_ALLOWLIST = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH",
+                 "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV", "AWM_LOG_LEVEL")
+
+
+class InfraError(RuntimeError):
+    """The environment infrastructure failed; not the agent's fault, never a reward of 0."""
+
+
+class WorkerCrashed(InfraError):
+    """The worker process serving this request or episode died."""
+
+
+class ToolTimeout(InfraError):
+    """A request overran its deadline; the worker was killed and replaced."""
+
+
+class EnvLoadError(InfraError):
+    """A scenario's environment code could not be loaded (names the scenario)."""
+
+
+class WorkerRequestError(RuntimeError):
+    """The worker answered a request with an error (bad episode id, bad op, ...)."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        super().__init__(f"{info.get('type')}: {info.get('message')}")
+        self.info = info
+
+
+@dataclass
+class _Pending:
+    future: asyncio.Future
+    op: str
+    timeout_s: float
+    submitted: float
+
+
+@dataclass
+class WorkerSlot:
+    """One worker process and what the pool knows about it."""
+
+    index: int
+    generation: int = 0
+    proc: subprocess.Popen | None = None
+    transport: asyncio.Transport | None = None
+    outbox: list[bytes] = field(default_factory=list)  # frames written before the transport is up
+    pending: OrderedDict[int, _Pending] = field(default_factory=OrderedDict)
+    head_started: float = 0.0
+    loaded: OrderedDict[str, asyncio.Future] = field(default_factory=OrderedDict)  # scenario -> load (LRU)
+    episodes: dict[str, str] = field(default_factory=dict)  # episode id -> scenario
+    dead_reason: str = ""
+
+
+class _WorkerProtocol(asyncio.Protocol):
+    def __init__(self, pool: WorkerPool, slot: WorkerSlot, generation: int) -> None:
+        self.pool, self.slot, self.generation = pool, slot, generation
+        self.buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        for req_id, ok, result in wire.decode_all(self.buffer):
+            self.pool._reply(self.slot, self.generation, req_id, ok, result)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        slot = self.slot
+        self.pool._on_death(slot, self.generation,
+                            f"worker {slot.index} (pid {slot.proc.pid if slot.proc else '?'}) exited")
+
+
+class WorkerPool:
+    """Processes, request routing, deadlines, crash recovery and episode placement."""
+
+    def __init__(self, num_workers: int | None = None, *, max_scenarios: int = 64) -> None:
+        self.num_workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
+        self.max_scenarios = max_scenarios
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watchdog: asyncio.Task | None = None
+        self.restarts = 0
+        self.slots = [WorkerSlot(i) for i in range(self.num_workers)]
+
+    async def start(self) -> WorkerPool:
+        """Spawn the workers; must run inside the event loop that will use the pool."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            for slot in self.slots:
+                self._spawn(slot)
+            self._watchdog = self._loop.create_task(self._watch())
+        return self
+
+    # ---- processes -------------------------------------------------------------------
+    def _spawn(self, slot: WorkerSlot) -> None:
+        parent_sock, child_sock = socket.socketpair()
+        env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(__file__)),
+                                                        env.get("PYTHONPATH", "")] if p)
+        slot.proc = subprocess.Popen([sys.executable, "-m", "awm.worker", str(child_sock.fileno())],
+                                     pass_fds=(child_sock.fileno(),), env=env, start_new_session=True,
+                                     stdin=subprocess.DEVNULL)
+        child_sock.close()
+        parent_sock.setblocking(False)
+        slot.pending, slot.loaded, slot.episodes = OrderedDict(), OrderedDict(), {}
+        slot.dead_reason, slot.transport, slot.outbox = "", None, []
+        slot.head_started = time.monotonic()
+        self._loop.create_task(self._connect(slot, slot.generation, parent_sock))
+
+    async def _connect(self, slot: WorkerSlot, generation: int, sock: socket.socket) -> None:
+        transport, _ = await self._loop.connect_accepted_socket(
+            lambda: _WorkerProtocol(self, slot, generation), sock=sock)
+        if slot.generation != generation:
+            transport.abort()
+            return
+        slot.transport = transport
+        for frame in slot.outbox:
+            transport.write(frame)
+        slot.outbox.clear()
+
+    def _reply(self, slot: WorkerSlot, generation: int, req_id: int, ok: bool, result: Any) -> None:
+        if slot.generation != generation:
+            return
+        item = slot.pending.pop(req_id, None)
+        slot.head_started = time.monotonic()
+        if item is not None and not item.future.done():
+            if ok:
+                item.future.set_result(result)
+            else:
+                item.future.set_exception(WorkerRequestError(result))
+
+    def _on_death(self, slot: WorkerSlot, generation: int, reason: str, exc_type: type = WorkerCrashed) -> None:
+        if slot.generation != generation:
+            return
+        self._kill(slot)
+        code = slot.proc.returncode if slot.proc else None
+        if code is not None:
+            reason += f" (exit code {code})"
+        if not self._closed:
+            log.warning("%s; %d requests and %d episodes fail as infrastructure errors", reason,
+                        len(slot.pending), len(slot.episodes))
+        pending = list(slot.pending.values())
+        slot.generation += 1
+        slot.dead_reason = reason
+        for item in pending:
+            if not item.future.done():
+                item.future.set_exception(exc_type(f"{reason} during '{item.op}'"))
+        for fut in slot.loaded.values():
+            if not fut.done():
+                fut.set_exception(exc_type(f"{reason} while loading"))
+        if not self._closed:
+            self.restarts += 1
+            self._spawn(slot)
+
+    @staticmethod
+    def _kill(slot: WorkerSlot) -> None:
+        if slot.transport is not None:
+            try:
+                slot.transport.abort()
+            except RuntimeError:  # the event loop is already closed: the socket goes with the process
+                pass
+        if slot.proc is not None and slot.proc.poll() is None:
+            try:
+                os.killpg(slot.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            slot.proc.wait(timeout=10)
+
+    async def _watch(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            for slot in self.slots:
+                if not slot.pending or slot.transport is None:
+                    continue
+                head = next(iter(slot.pending.values()))
+                if now - max(slot.head_started, head.submitted) > head.timeout_s:
+                    self._on_death(slot, slot.generation, f"worker {slot.index}: '{head.op}' exceeded "
+                                   f"{head.timeout_s:.1f} s; worker killed and replaced", ToolTimeout)
+
+    # ---- requests --------------------------------------------------------------------
+    def submit(self, slot: WorkerSlot, op: str, payload: dict[str, Any], timeout_s: float,
+               generation: int | None = None) -> asyncio.Future:
+        """Send one request; the future fails with an InfraError if the worker dies first."""
+        if self._loop is None or self._closed:
+            raise RuntimeError("the worker pool is not running: `await pool.start()` first (and do not use it "
+                               "after close())")
+        fut = self._loop.create_future()
+        if generation is not None and generation != slot.generation:
+            fut.set_exception(WorkerCrashed(slot.dead_reason or f"worker {slot.index} was replaced"))
+            return fut
+        req_id = next(self._ids)
+        if not slot.pending:
+            slot.head_started = time.monotonic()
+        slot.pending[req_id] = _Pending(fut, op, timeout_s, time.monotonic())
+        frame = wire.encode((req_id, op, payload))
+        if slot.transport is None:
+            slot.outbox.append(frame)
+        else:
+            slot.transport.write(frame)
+        return fut
+
+    async def request(self, slot: WorkerSlot, op: str, payload: dict[str, Any], timeout_s: float,
+                      generation: int | None = None) -> Any:
+        return await self.submit(slot, op, payload, timeout_s, generation)
+
+    # ---- placement -------------------------------------------------------------------
+    def place(self, scenario: str) -> WorkerSlot:
+        """Pick the worker for a new episode of `scenario` (see module docstring)."""
+        return min(self.slots, key=lambda s: (len(s.episodes) + (0 if scenario in s.loaded else LOAD_PENALTY),
+                                              s.index))
+
+    def ensure_loaded(self, slot: WorkerSlot, scenario: str, code: str, template: str,
+                      timeout_s: float) -> asyncio.Future:
+        """The load future of `scenario` in `slot` (shared by concurrent callers)."""
+        fut = slot.loaded.get(scenario)
+        if fut is not None and not (fut.done() and fut.exception() is not None):
+            slot.loaded.move_to_end(scenario)
+            return fut
+        fut = self.submit(slot, "load", {"scenario": scenario, "code": code, "template": template}, timeout_s)
+        slot.loaded[scenario] = fut
+        self._evict_idle(slot)
+        return fut
+
+    def _evict_idle(self, slot: WorkerSlot) -> None:
+        busy = set(slot.episodes.values())
+        for name in list(slot.loaded):
+            if len(slot.loaded) <= self.max_scenarios:
+                break
+            if name not in busy and slot.loaded[name].done():
+                del slot.loaded[name]
+                self.submit(slot, "unload", {"scenario": name}, 30.0)
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def crash_worker(self, index: int) -> None:
+        """Test hook: make a worker die abruptly."""
+        self.submit(self.slots[index], "crash", {}, 5.0)
+
+    def close(self) -> None:
+        """Kill every worker; pending requests fail with WorkerCrashed."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        for slot in self.slots:
+            self._on_death(slot, slot.generation, "the worker pool was closed")

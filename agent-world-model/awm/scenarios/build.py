@@ -1,0 +1,87 @@
+"""Assemble the bundled scenarios' AWM-1K files from their sources.
+
+Each `<scenario>/scenario.py` holds the data and `<scenario>/app.py` the environment code;
+this writes the exact AWM-1K record shapes to `data/`, one line per record, so the runtime
+reads bundled scenarios and a downloaded AWM-1K through the same code path.
+
+Usage: python -m awm.scenarios.build [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DATA_DIR = HERE / "data"
+
+
+def scenario_names() -> list[str]:
+    """Every folder beside this file that holds a scenario.py, sorted."""
+    return sorted(p.parent.name for p in HERE.glob("*/scenario.py"))
+
+
+def _rows(name: str) -> dict[str, list[dict]]:
+    src = importlib.import_module(f"awm.scenarios.{name}.scenario")
+    if src.NAME != name:
+        raise ValueError(f"scenarios/{name}/scenario.py declares NAME={src.NAME!r}; it must equal the folder name")
+    if len(src.TASKS) != 10:
+        raise ValueError(f"scenario {name!r} has {len(src.TASKS)} tasks; AWM-1K scenarios have exactly 10")
+    code = (HERE / name / "app.py").read_text(encoding="utf-8")
+    inserts = sum(len(t["insert_statements"]) for t in src.SAMPLE)
+    rows: dict[str, list[dict]] = {
+        "gen_scenario": [{"name": name, "description": src.DESCRIPTION}],
+        "gen_tasks": [{"scenario": name, "tasks": [t["task"] for t in src.TASKS]}],
+        "gen_db": [{"scenario": name, "db_schema": {"tables": src.TABLES}, "db_path": f"./outputs/databases/{name}.db"}],
+        "gen_sample": [{"scenario": name, "tables_count": len(src.SAMPLE), "inserts_count": inserts,
+                        "sample_data": {"tables": src.SAMPLE}}],
+        "gen_envs": [{"scenario": name, "db_path": f"./outputs/databases/{name}.db", "full_code": code}],
+        "gen_verifier.pure_code": [],
+        "reference_solutions": [],
+        "tool_probes": [{"scenario": name, "calls": src.PROBES}],
+    }
+    for idx, t in enumerate(src.TASKS):
+        rows["gen_verifier.pure_code"].append({"scenario": name, "task_idx": idx, "task": t["task"],
+                                               "verification": {"code": t["verifier"], "raw_response": ""}})
+        rows["reference_solutions"].append({
+            "scenario": name, "task_idx": idx, "task_type": t["task_type"], "repair": bool(t.get("repair")),
+            "calls": t["solution"]["calls"], "final_answer": t["solution"].get("final_answer"),
+            "wrong_calls": t["wrong"]["calls"], "wrong_final_answer": t["wrong"].get("final_answer"),
+        })
+    return rows
+
+
+def render() -> dict[str, str]:
+    """File name -> exact text of every file in data/."""
+    merged: dict[str, list[dict]] = {}
+    for name in scenario_names():
+        for stage, rows in _rows(name).items():
+            merged.setdefault(stage, []).extend(rows)
+    return {f"{stage}.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+            for stage, rows in merged.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if data/ differs from the sources")
+    args = parser.parse_args(argv)
+    files = render()
+    if args.check:
+        stale = [n for n, text in files.items()
+                 if not (DATA_DIR / n).exists() or (DATA_DIR / n).read_text(encoding="utf-8") != text]
+        if stale:
+            print(f"stale bundled data: {', '.join(stale)}; run `python -m awm.scenarios.build`", file=sys.stderr)
+            return 1
+        return 0
+    DATA_DIR.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (DATA_DIR / name).write_text(text, encoding="utf-8")
+    print(f"wrote {len(files)} files for {len(scenario_names())} scenarios to {DATA_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

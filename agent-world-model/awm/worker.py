@@ -1,0 +1,159 @@
+"""The environment worker process: hosts scenario apps and the episode DB connections.
+
+Started by `awm.pool.WorkerPool` as `python -m awm.worker <fd>` with an allow-listed
+environment (generated code never sees API keys). Requests arrive over a socket as
+`(request_id, op, payload)` tuples and are served one at a time, in order: handlers of AWM
+code are blocking SQLAlchemy work, so concurrency inside one process would buy nothing and
+would let episodes interleave on shared module state. A reader thread drains the socket so
+the parent never blocks on a full pipe.
+
+Invariant: the worker that owns an episode's connection is the only writer of that
+episode's DB file; reset, snapshot and restore go through it (SQLite backup API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import shutil
+import socket
+import sqlite3
+import sys
+import tempfile
+import threading
+import traceback
+from typing import Any
+
+from awm import wire
+from awm.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env, unload_env
+
+log = logging.getLogger("awm.worker")
+
+
+class Worker:
+    """All state of one worker process; `handle` serves one request."""
+
+    def __init__(self) -> None:
+        self.router = EpisodeRouter()
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.envs: dict[str, LoadedEnv] = {}
+        self.episodes: dict[str, tuple[str, EpisodeDB]] = {}
+        self.scratch = tempfile.mkdtemp(prefix="awm-worker-")
+
+    # ops -----------------------------------------------------------------------------
+    def op_ping(self, _: dict) -> dict:
+        return {"pid": os.getpid(), "scenarios": sorted(self.envs), "episodes": len(self.episodes)}
+
+    def op_load(self, p: dict) -> dict:
+        scenario = p["scenario"]
+        if scenario not in self.envs:
+            scratch = os.path.join(self.scratch, f"{scenario}.db")
+            shutil.copyfile(p["template"], scratch)
+            try:
+                self.envs[scenario] = load_env(scenario, p["code"], self.router, scratch)
+            finally:
+                os.unlink(scratch)
+        env = self.envs[scenario]
+        return {"tools": [t.to_dict() for t in env.tools.values()], "load_s": env.load_s,
+                "created_sql": env.created_sql}
+
+    def op_unload(self, p: dict) -> dict:
+        env = self.envs.pop(p["scenario"], None)
+        if env is not None:
+            unload_env(env)
+        return {}
+
+    def op_open(self, p: dict) -> dict:
+        if p["scenario"] not in self.envs:
+            raise KeyError(f"scenario {p['scenario']!r} is not loaded in this worker")
+        self.episodes[p["episode"]] = (p["scenario"], EpisodeDB(p["db_path"]))
+        return {}
+
+    def op_call(self, p: dict) -> dict:
+        scenario, db = self._episode(p["episode"])
+        obs = call_tool(self.envs[scenario], self.router, db, self.loop, p["tool"], p.get("arguments"))
+        return obs.to_dict()
+
+    def op_restore(self, p: dict) -> dict:
+        """Overwrite the episode DB with `source` (the template for a reset, or a snapshot)."""
+        _, db = self._episode(p["episode"])
+        src = sqlite3.connect(f"file:{p['source']}?mode=ro", uri=True)
+        try:
+            src.backup(db.conn)
+        finally:
+            src.close()
+        return {}
+
+    def op_snapshot(self, p: dict) -> dict:
+        _, db = self._episode(p["episode"])
+        dst = sqlite3.connect(p["dest"])
+        try:
+            db.conn.backup(dst)
+        finally:
+            dst.close()
+        return {}
+
+    def op_close(self, p: dict) -> dict:
+        item = self.episodes.pop(p["episode"], None)
+        if item is not None:
+            item[1].close()
+        return {}
+
+    def op_crash(self, p: dict) -> dict:
+        """Test hook: die abruptly, as a segfault in a C extension would."""
+        os._exit(int(p.get("code", 70)))
+
+    def _episode(self, episode: str) -> tuple[str, EpisodeDB]:
+        try:
+            return self.episodes[episode]
+        except KeyError:
+            raise KeyError(f"episode {episode!r} is not open in this worker") from None
+
+    def handle(self, op: str, payload: dict) -> tuple[bool, Any]:
+        fn = getattr(self, f"op_{op}", None)
+        if fn is None:
+            return False, {"type": "ValueError", "message": f"unknown op {op!r}"}
+        try:
+            return True, fn(payload)
+        except Exception as exc:
+            return False, {"type": type(exc).__name__, "message": str(exc),
+                           "traceback": "".join(traceback.format_exc(limit=-4))}
+
+
+def serve(sock: socket.socket) -> None:
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read() -> None:
+        buffer = bytearray()
+        try:
+            while (messages := wire.recv_messages(sock, buffer)) is not None:
+                for message in messages:
+                    inbox.put(message)
+        except OSError:
+            pass
+        inbox.put(None)  # parent is gone: finish
+
+    threading.Thread(target=read, daemon=True, name="awm-worker-reader").start()
+    worker = Worker()
+    try:
+        while (msg := inbox.get()) is not None:
+            req_id, op, payload = msg
+            ok, result = worker.handle(op, payload)
+            try:
+                sock.sendall(wire.encode((req_id, ok, result)))
+            except OSError:
+                break
+    finally:
+        shutil.rmtree(worker.scratch, ignore_errors=True)
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("AWM_LOG_LEVEL", "WARNING"))
+    serve(socket.socket(fileno=int(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()

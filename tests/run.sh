@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command: sets the project up if needed (or if its requirements changed), then runs pytest.
+#   bash tests/run.sh              # the fast suite (what CI runs)
+#   bash tests/run.sh -m slow      # the slow end-to-end runs
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+want="$(sha256sum requirements-cpu.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [[ ! -x .venv/bin/python ]] || [[ "$(cat .venv/.stateful-rl-setup 2>/dev/null)" != "$want" ]]; then
+  bash setup.sh
+fi
+exec .venv/bin/python -m pytest "$@"
