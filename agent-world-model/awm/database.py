@@ -23,6 +23,7 @@ import os
 import random
 import re
 import sqlite3
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -128,7 +129,7 @@ def build_db(path: str | os.PathLike[str], db_schema: dict, sample_data: dict | 
     """Create the initial DB of a scenario at `path` (replacing it) and report every failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".building{os.getpid()}")
+    tmp = path.with_name(path.name + f".building{os.getpid()}-{threading.get_ident()}")
     tmp.unlink(missing_ok=True)
     report = BuildReport(scenario=scenario, path=str(path), clock=parse_clock(clock) if clock else None, seed=seed,
                          built_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -162,15 +163,8 @@ def build_db(path: str | os.PathLike[str], db_schema: dict, sample_data: dict | 
         if tables and report.tables == 0:
             raise DatabaseBuildError(f"scenario {scenario!r}: none of {len(tables)} CREATE TABLE statements "
                                      f"executed; first error: {report.failed[0][2]}")
-        for table in (sample_data or {}).get("tables") or []:
-            for stmt in table.get("insert_statements") or []:
-                report.inserts_total += 1
-                try:
-                    _exec(conn, stmt)
-                    report.inserts_ok += 1
-                except sqlite3.Error as exc:
-                    report.failed.append(("insert", stmt, str(exc)))
         conn.execute("COMMIT")
+        apply_inserts(conn, sample_data, report)
     finally:
         conn.close()
     os.replace(tmp, path)
@@ -179,6 +173,21 @@ def build_db(path: str | os.PathLike[str], db_schema: dict, sample_data: dict | 
         log.warning("scenario %s: %d statements failed while building its DB (first: %s)",
                     scenario, len(report.failed), report.failed[0][2])
     return report
+
+
+def apply_inserts(conn: sqlite3.Connection, sample_data: dict | None, report: BuildReport) -> None:
+    """Run the sample INSERTs in one transaction with foreign keys on; record each failure."""
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("BEGIN")
+    for table in (sample_data or {}).get("tables") or []:
+        for stmt in table.get("insert_statements") or []:
+            report.inserts_total += 1
+            try:
+                _exec(conn, stmt)
+                report.inserts_ok += 1
+            except sqlite3.Error as exc:
+                report.failed.append(("insert", stmt, str(exc)))
+    conn.execute("COMMIT")
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -233,6 +242,8 @@ class TemplateStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
 
     @staticmethod
     def key(db_schema: Any, sample_data: Any, clock: str | None, seed: int) -> str:
@@ -245,6 +256,13 @@ class TemplateStore:
     def get_or_build(self, scenario: str, db_schema: dict, sample_data: dict | None, *,
                      clock: str | None = None, seed: int = 0, rebuild: bool = False) -> tuple[Path, BuildReport]:
         key = self.key(db_schema, sample_data, clock, seed)
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            return self._get_or_build(scenario, key, db_schema, sample_data, clock, seed, rebuild)
+
+    def _get_or_build(self, scenario: str, key: str, db_schema: dict, sample_data: dict | None, clock: str | None,
+                      seed: int, rebuild: bool) -> tuple[Path, BuildReport]:
         db, meta = self.path(scenario, key), self.path(scenario, key).with_suffix(".json")
         if not rebuild and db.exists() and meta.exists():
             try:
@@ -260,6 +278,6 @@ class TemplateStore:
     @staticmethod
     def save_report(report: BuildReport) -> None:
         meta = Path(report.path).with_suffix(".json")
-        tmp = meta.with_name(meta.name + f".tmp{os.getpid()}")
+        tmp = meta.with_name(meta.name + f".tmp{os.getpid()}-{threading.get_ident()}")
         tmp.write_text(json.dumps(report.to_dict(), indent=1))
         os.replace(tmp, meta)

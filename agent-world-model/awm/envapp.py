@@ -77,6 +77,8 @@ class EpisodeDB:
 
     def __init__(self, path: str) -> None:
         self.conn = sqlite3.connect(path, check_same_thread=False)
+        # No ATTACH: SQL injected through tool arguments must not reach other episodes' files.
+        self.conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
         self.pools: dict[int, Any] = {}
 
     @contextlib.contextmanager

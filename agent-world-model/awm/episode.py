@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from awm.data import AWMDataset, Scenario, bundled_data_dir, default_cache_dir
-from awm.database import BuildReport, TemplateStore, state_hash
+from awm.database import (
+    BuildReport,
+    TemplateStore,
+    apply_inserts,
+    file_sha256,
+    install_fixed_clock,
+    state_hash,
+)
 from awm.pool import EnvLoadError, InfraError, WorkerPool, WorkerRequestError, WorkerSlot
 from awm.tools import Observation, ToolSpec
 from awm.verifier import Verdict, VerifierSandbox
@@ -81,6 +88,7 @@ class EnvRuntime:
         self._template_locks: dict[str, threading.Lock] = {}
         self._templates: dict[str, tuple[Path, BuildReport]] = {}
         self._tools: dict[str, list[ToolSpec]] = {}
+        self._completed: set[str] = set()  # templates whose env-code schema was folded in
         self._sandbox: VerifierSandbox | None = None
         self._counter = itertools.count()
         self.episodes: dict[str, Episode] = {}
@@ -91,7 +99,12 @@ class EnvRuntime:
         return self.dataset.scenario(name)
 
     def template(self, scenario: str) -> tuple[Path, BuildReport]:
-        """The scenario's initial DB, built once (thread-safe) and cached on disk."""
+        """The scenario's initial DB, built once (thread-safe) and cached on disk.
+
+        Without a gen_db row the template starts empty and the environment code's own
+        `create_all` defines the schema when the scenario is first loaded (as upstream's
+        server does on a fresh file); the sample INSERTs are applied after that.
+        """
         with self._lock:
             if scenario in self._templates:
                 return self._templates[scenario]
@@ -99,47 +112,55 @@ class EnvRuntime:
         with lock:
             if scenario not in self._templates:
                 sc = self.dataset.scenario(scenario)
-                if sc.db_schema is None:
-                    raise EnvLoadError(f"scenario {scenario!r} has no gen_db row: its database cannot be built")
                 self._templates[scenario] = self.templates.get_or_build(
-                    sc.name, sc.db_schema, sc.sample_data, clock=self.clock, seed=self.seed)
+                    sc.name, sc.db_schema or {"tables": []}, sc.sample_data if sc.db_schema else None,
+                    clock=self.clock, seed=self.seed)
         return self._templates[scenario]
 
     async def _load(self, slot: WorkerSlot, scenario: str) -> list[ToolSpec]:
         await self.pool.start()
         path, report = await asyncio.to_thread(self.template, scenario)
-        code = self.dataset.scenario(scenario).full_code
-        if not code:
+        sc = self.dataset.scenario(scenario)
+        if not sc.full_code:
             raise EnvLoadError(f"scenario {scenario!r} has no environment code (no gen_envs row)")
-        fut = self.pool.ensure_loaded(slot, scenario, code, str(path), self.load_timeout_s)
+        fut = self.pool.ensure_loaded(slot, scenario, sc.full_code, str(path), self.load_timeout_s)
         try:
             info = await asyncio.shield(fut)
         except WorkerRequestError as exc:
             raise EnvLoadError(exc.info.get("message", str(exc))) from None
-        if info["created_sql"]:
-            self._apply_created_tables(path, report, info["created_sql"])
+        if info["created_sql"] and scenario not in self._completed:
+            self._completed.add(scenario)
+            self._complete_template(path, report, info["created_sql"],
+                                    sc.sample_data if sc.db_schema is None else None)
         with self._lock:
             if scenario not in self._tools:
                 self._tools[scenario] = [ToolSpec.from_dict(t) for t in info["tools"]]
         return self._tools[scenario]
 
-    def _apply_created_tables(self, path: Path, report: BuildReport, sql: list[str]) -> None:
-        """Upstream runs the code's `create_all` on the live DB; we fold its effect into the template."""
+    def _complete_template(self, path: Path, report: BuildReport, sql: list[str], sample_data: dict | None) -> None:
+        """Fold the code's import-time `create_all` into the template (upstream runs it on the live DB)."""
         with self._lock:
-            conn = sqlite3.connect(path)
+            conn = sqlite3.connect(path, isolation_level=None)
+            if self.clock:
+                install_fixed_clock(conn, self.clock, self.seed)
             try:
+                conn.execute("BEGIN")
                 for stmt in sql:
                     try:
                         conn.execute(stmt)
                     except sqlite3.OperationalError as exc:
                         if "already exists" not in str(exc):
                             raise
-                conn.commit()
+                conn.execute("COMMIT")
+                if sample_data:
+                    apply_inserts(conn, sample_data, report)
             finally:
                 conn.close()
-            report.env_created_tables = sorted(set(report.env_created_tables) | {s.split("(")[0] for s in sql})
+            report.env_created_tables = sorted(set(report.env_created_tables) |
+                                               {s.split("(")[0].strip() for s in sql})
+            report.sha256 = file_sha256(path)
             TemplateStore.save_report(report)
-            log.info("scenario %s: environment code created %d extra schema objects", report.scenario, len(sql))
+            log.info("scenario %s: environment code created %d schema objects", report.scenario, len(sql))
 
     async def tools(self, scenario: str) -> list[dict[str, Any]]:
         """The scenario's tool list as MCP shows it (loads the scenario if needed)."""
@@ -161,6 +182,7 @@ class EnvRuntime:
                 raise IndexError(f"scenario {scenario!r} has {len(tasks)} tasks; task_idx {task_idx} is out of range")
             task = tasks[task_idx]
         episode_id = episode_id or f"{scenario}-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
+        await self.pool.start()
         slot = self.pool.place(scenario)
         with self._lock:
             slot.episodes[episode_id] = scenario  # reserve before awaiting so placement sees it

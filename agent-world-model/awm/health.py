@@ -1,9 +1,10 @@
 """Health checks of environment code: load it, list its tools, call every read-only tool.
 
 Upstream validates generated environments only by listing their tools, so a route that
-fails when called still passes. Here every GET tool is called once with arguments built
-from its schema (documented example, else default, else a type-based placeholder) and any
-HTTP status >= 500 is reported as a server error of the environment.
+fails when called still passes. Here every GET tool is called with arguments built from
+its schema (documented example, else default, else a type-based placeholder; then once
+more with integer ids = 1) and a tool whose every attempt ends in HTTP status >= 500 is
+reported as a server error of the environment.
 """
 
 from __future__ import annotations
@@ -18,21 +19,27 @@ from awm.tools import ToolSpec
 _PLACEHOLDER = {"integer": 1, "number": 1.0, "boolean": False, "string": "test", "array": [], "object": {}}
 
 
-def probe_arguments(tool: ToolSpec) -> dict[str, Any]:
-    """Schema-valid arguments for the required parameters of `tool`."""
+def probe_arguments(tool: ToolSpec, *, use_examples: bool = True) -> dict[str, Any]:
+    """Schema-valid arguments for the required parameters of `tool`.
+
+    With `use_examples=False` integers are 1 instead of the documented example: AWM sample
+    data creates row 1 of most tables first, while examples often name rows that do not exist.
+    """
     args: dict[str, Any] = {}
     props = tool.input_schema.get("properties", {})
     for name in tool.input_schema.get("required", []):
         schema = props.get(name, {})
-        if name in tool.examples and tool.examples[name] is not None:
+        typ = schema.get("type") or next((s.get("type") for s in schema.get("anyOf", []) if s.get("type") != "null"),
+                                         "string")
+        if not use_examples and typ == "integer":
+            args[name] = 1
+        elif name in tool.examples and tool.examples[name] is not None:
             args[name] = tool.examples[name]
         elif "default" in schema and schema["default"] is not None:
             args[name] = schema["default"]
         elif schema.get("enum"):
             args[name] = schema["enum"][0]
         else:
-            typ = schema.get("type") or next((s.get("type") for s in schema.get("anyOf", []) if s.get("type") != "null"),
-                                             "string")
             args[name] = _PLACEHOLDER.get(typ, "test")
     return args
 
@@ -67,8 +74,10 @@ async def check_scenario(runtime: EnvRuntime, scenario: str, *, call_reads: bool
         health.read_tools = len(reads)
         if call_reads:
             for tool in reads:
-                args = probe_arguments(tool)
-                obs = await episode.call(tool.name, args)
+                for args in (probe_arguments(tool), probe_arguments(tool, use_examples=False)):
+                    obs = await episode.call(tool.name, args)
+                    if obs.status is None or obs.status < 500:
+                        break
                 if obs.status is not None and obs.status >= 500:
                     health.server_errors.append({"tool": tool.name, "arguments": args, "status": obs.status,
                                                  "error": (obs.detail or obs.text).strip().splitlines()[-1:]})

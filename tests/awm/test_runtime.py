@@ -1,0 +1,227 @@
+"""The episode runtime with real worker processes, real SQLite files and real FastAPI apps."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+
+import pytest
+from awm.episode import EnvRuntime
+from awm.pool import LOAD_PENALTY, EnvLoadError, InfraError, ToolTimeout, WorkerCrashed
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def notes(path) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return [r[0] for r in conn.execute("SELECT text FROM notes ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def test_episode_basics_and_isolation(fault_data_dir, cache_dir):
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=2, cache_dir=cache_dir) as rt:
+            a = await rt.open("faults", 0)
+            b = await rt.open("faults", 0)
+            assert a.task == "Add a note 'buy milk'."
+            assert {t["name"] for t in a.tools} >= {"list_notes", "add_note", "get_note", "run_sql"}
+            obs = await a.call("add_note", {"text": "buy milk"})
+            assert not obs.is_error and '"text": "buy milk"' in obs.text
+            # b is another episode of the same scenario: it never sees a's write
+            assert "buy milk" not in (await b.call("list_notes", {})).text
+            assert notes(a.db_path) == ["call mom", "water plants", "buy milk"]
+            assert notes(b.db_path) == ["call mom", "water plants"]
+            assert (await a.verify("done")).verdict == "complete"
+            assert (await b.verify("done")).verdict == "others"
+            await a.close()
+            await b.close()
+            assert not a.db_path.exists()
+
+    run(main())
+
+
+def test_agent_mistakes_are_observations(fault_data_dir, cache_dir):
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            ep = await rt.open("faults")
+            unknown = await ep.call("no_such_tool", {})
+            assert unknown.is_error and unknown.kind == "unknown_tool" and "list_notes" in unknown.text
+            bad = await ep.call("get_note", {"note_id": "one"})
+            assert bad.kind == "invalid_arguments" and bad.text.startswith("Input validation error:")
+            missing = await ep.call("get_note", {})
+            assert missing.kind == "invalid_arguments" and "note_id" in missing.text
+            not_json = await ep.call("get_note", "{not json")
+            assert not_json.kind == "invalid_arguments"
+            not_found = await ep.call("get_note", {"note_id": 99})
+            assert not_found.is_error and not_found.status == 404
+            assert (
+                not_found.text
+                == 'Error calling get_note. Status code: 404. Response: {"detail":"note not found"}'
+            )
+            boom = await ep.call("boom", {})
+            assert boom.is_error and boom.status == 500 and "ZeroDivisionError" in boom.detail
+            assert "ZeroDivisionError" not in boom.text  # the agent sees upstream's plain 500
+            ok = await ep.call("get_note", '{"note_id": 1}')  # arguments as a JSON string work too
+            assert not ok.is_error and '"call mom"' in ok.text
+            assert ep.infra_error is None
+
+    run(main())
+
+
+def test_uncommitted_writes_of_a_failing_handler_are_rolled_back(fault_data_dir, cache_dir):
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            ep = await rt.open("faults")
+            obs = await ep.call("half_write", {"text": "ghost"})
+            assert obs.status == 500
+            assert "ghost" not in (await ep.call("list_notes", {})).text
+            assert (await ep.call("add_note", {"text": "after"})).status == 200  # no lock left behind
+
+    run(main())
+
+
+def test_sql_injection_stays_in_its_episode(fault_data_dir, cache_dir):
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            victim = await rt.open("faults")
+            attacker = await rt.open("faults")
+            await attacker.call("run_sql", {"sql": "DROP TABLE notes"})
+            assert (await attacker.call("list_notes", {})).status == 500
+            attach = await attacker.call("run_sql", {"sql": f"ATTACH DATABASE '{victim.db_path}' AS v"})
+            assert attach.status == 500  # ATTACH is disabled on episode connections
+            assert notes(victim.db_path) == ["call mom", "water plants"]
+            assert notes(rt.template("faults")[0]) == ["call mom", "water plants"]
+            fresh = await rt.open("faults")
+            assert '"water plants"' in (await fresh.call("list_notes", {})).text
+
+    run(main())
+
+
+def test_snapshot_restore_and_reset(fault_data_dir, cache_dir):
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            ep = await rt.open("faults")
+            await ep.call("add_note", {"text": "one"})
+            h1 = ep.state_hash()
+            snap = await ep.snapshot()
+            await ep.call("run_sql", {"sql": "DELETE FROM notes"})
+            assert notes(ep.db_path) == []
+            await ep.restore(snap)
+            assert ep.state_hash() == h1 and ep.steps == snap.step
+            assert '"one"' in (await ep.call("list_notes", {})).text  # the connection sees the restored file
+            await ep.reset()
+            assert notes(ep.db_path) == ["call mom", "water plants"]
+            assert ep.state_hash() == await asyncio.to_thread(
+                lambda: __import__("awm.database").database.state_hash(rt.template("faults")[0])
+            )
+            other = await rt.open("faults")
+            with pytest.raises(ValueError):
+                await other.restore(snap)
+
+    run(main())
+
+
+def test_create_all_tables_are_folded_into_the_template(fault_data_dir, cache_dir):
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            ep = await rt.open("faults")
+            await ep.call("run_sql", {"sql": "INSERT INTO tags (name) VALUES ('x')"})
+            conn = sqlite3.connect(ep.db_path)
+            assert conn.execute("SELECT name FROM tags").fetchall() == [("x",)]
+            conn.close()
+            path, report = rt.template("faults")
+            assert any("tags" in t for t in report.env_created_tables)
+
+    run(main())
+
+
+def test_broken_environment_code_names_the_scenario_and_spares_others(fault_data_dir, cache_dir):
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            with pytest.raises(EnvLoadError, match="broken_import.*generated code is broken at import"):
+                await rt.open("broken_import")
+            with pytest.raises(EnvLoadError, match="broken_syntax.*SyntaxError"):
+                await rt.open("broken_syntax")
+            ep = await rt.open("faults")  # same worker, still healthy
+            assert not (await ep.call("list_notes", {})).is_error
+            assert rt.pool.restarts == 0
+
+    run(main())
+
+
+def test_hanging_tool_times_out_and_worker_is_replaced(fault_data_dir, cache_dir):
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir, call_timeout_s=1.0) as rt:
+            ep = await rt.open("faults")
+            bystander = await rt.open("faults_twin")
+            t0 = time.monotonic()
+            with pytest.raises(ToolTimeout, match="exceeded 1.0 s"):
+                await ep.call("slow", {"seconds": 60})
+            assert time.monotonic() - t0 < 5
+            assert ep.infra_error and rt.pool.restarts == 1
+            with pytest.raises(InfraError):  # the episodes of the killed worker report the failure
+                await bystander.call("list_notes", {})
+            fresh = await rt.open("faults")
+            assert not (await fresh.call("list_notes", {})).is_error
+
+    run(main())
+
+
+def test_dead_worker_is_replaced_and_its_episodes_fail(fault_data_dir, cache_dir):
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=2, cache_dir=cache_dir) as rt:
+            eps = [await rt.open("faults") for _ in range(10)]  # > LOAD_PENALTY: both workers serve it
+            victim = eps[0]
+            with pytest.raises(WorkerCrashed):
+                await victim.call("crash", {})
+            same_worker = [e for e in eps[1:] if e._slot is victim._slot]
+            other_worker = [e for e in eps[1:] if e._slot is not victim._slot]
+            assert same_worker and other_worker
+            for e in same_worker:
+                with pytest.raises(InfraError):
+                    await e.call("list_notes", {})
+            for e in other_worker:
+                assert not (await e.call("list_notes", {})).is_error
+            await asyncio.gather(*(e.close() for e in eps))
+            again = await rt.open("faults")
+            assert not (await again.call("list_notes", {})).is_error
+            assert rt.pool.restarts == 1
+
+    run(main())
+
+
+def test_generated_code_sees_no_secrets(fault_data_dir, cache_dir, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            ep = await rt.open("faults")
+            assert '"value": null' in (await ep.call("read_env", {"name": "OPENAI_API_KEY"})).text
+            worker_pid = rt.pool.slots[0].proc.pid
+            assert worker_pid != os.getpid()
+
+    run(main())
+
+
+def test_many_concurrent_episodes(fault_data_dir, cache_dir):
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=2, cache_dir=cache_dir) as rt:
+            eps = await asyncio.gather(*(rt.open("faults" if i % 2 else "faults_twin") for i in range(64)))
+
+            async def work(i, ep):
+                await ep.call("add_note", {"text": f"note {i}"})
+                return (await ep.call("list_notes", {"q": "note"})).text
+
+            texts = await asyncio.gather(*(work(i, ep) for i, ep in enumerate(eps)))
+            for i, text in enumerate(texts):
+                assert f'"note {i}"' in text and text.count('"note ') == 1
+            low, high = sorted(len(s.episodes) for s in rt.pool.slots)
+            assert low + high == 64 and high - low <= LOAD_PENALTY  # load spread over both workers
+
+    run(main())
