@@ -224,8 +224,7 @@ async def _asgi_call(app: Any, method: str, path: str, query: bytes, body: bytes
     return status, b"".join(chunks), server_error
 
 
-def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, loop: asyncio.AbstractEventLoop,
-              name: str, arguments: Any) -> Observation:
+async def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, name: str, arguments: Any) -> Observation:
     """Validate and dispatch one tool call against the episode's database `db`."""
     t0 = time.perf_counter()
     tool = env.tools.get(name)
@@ -249,9 +248,8 @@ def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, loop: asynci
         return Observation(f"Input validation error: {_validation_message(error)}", is_error=True,
                            kind="invalid_arguments")
     req = build_request(tool, arguments)
-    with db.use(env, router):
-        status, body, server_error = loop.run_until_complete(_asgi_call(env.app, req.method, req.path,
-                                                                         req.query_string, req.body))
+    with db.use(env, router):  # the worker serves one request at a time, so no other call interleaves
+        status, body, server_error = await _asgi_call(env.app, req.method, req.path, req.query_string, req.body)
     obs = observation_from_response(name, status, body)
     obs.detail = server_error
     obs.latency_s = time.perf_counter() - t0

@@ -39,9 +39,10 @@ from awm.database import (
     install_fixed_clock,
     state_hash,
 )
+from awm.judge import JudgeConfig, SqlJudge
 from awm.pool import EnvLoadError, InfraError, WorkerPool, WorkerRequestError, WorkerSlot
 from awm.tools import Observation, ToolSpec
-from awm.verifier import Verdict, VerifierSandbox
+from awm.verifier import Verdict, VerifierSandbox, strip_thinking
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,14 @@ class EnvRuntime:
         self.verifier_timeout_s = verifier_timeout_s
         root = Path(episode_dir) if episode_dir else default_episode_dir()
         self.episode_dir = Path(tempfile.mkdtemp(prefix="awm-episodes-", dir=root))
-        self.pool = WorkerPool(num_workers)
+        self.pool = WorkerPool(num_workers, scratch_dir=self.episode_dir)
         self._lock = threading.Lock()
         self._template_locks: dict[str, threading.Lock] = {}
         self._templates: dict[str, tuple[Path, BuildReport]] = {}
         self._tools: dict[str, list[ToolSpec]] = {}
         self._completed: set[str] = set()  # templates whose env-code schema was folded in
         self._sandbox: VerifierSandbox | None = None
+        self._judge: SqlJudge | None = None
         self._counter = itertools.count()
         self.episodes: dict[str, Episode] = {}
         self.closed = False
@@ -206,10 +208,18 @@ class EnvRuntime:
         return await self.pool.request(slot, op, payload, timeout_s, generation=generation)
 
     def sandbox(self) -> VerifierSandbox:
+        """The verifier sandbox process, started on first use."""
         with self._lock:
             if self._sandbox is None:
                 self._sandbox = VerifierSandbox()
             return self._sandbox
+
+    def judge(self) -> SqlJudge:
+        """The sql-mode judge, configured from the environment on first use."""
+        with self._lock:
+            if self._judge is None:
+                self._judge = SqlJudge(self.sandbox(), JudgeConfig.from_env())
+            return self._judge
 
     def close(self) -> None:
         """Stop workers and the sandbox and delete every episode file."""
@@ -250,6 +260,15 @@ class Episode:
         self.closed = False
         self._snapshots = itertools.count()
         self._busy = asyncio.Lock()
+
+    def assign_task(self, task_idx: int) -> None:
+        """Bind a task to an episode opened without one (an MCP session, say); once only."""
+        if self.task_idx is not None and self.task_idx != task_idx:
+            raise ValueError(f"episode {self.id} is already bound to task {self.task_idx}")
+        tasks = self.runtime.dataset.tasks(self.scenario)
+        if not 0 <= task_idx < len(tasks):
+            raise IndexError(f"scenario {self.scenario!r} has {len(tasks)} tasks; task_idx {task_idx} is out of range")
+        self.task_idx, self.task = task_idx, tasks[task_idx]
 
     def _check(self) -> None:
         if self.closed:
@@ -300,16 +319,31 @@ class Episode:
         """Logical hash of the current DB content (for traces and replay checks)."""
         return state_hash(self.db_path)
 
-    async def verify(self, final_answer: str | None = None, *, timeout_s: float | None = None) -> Verdict:
-        """Run the task's code verifier on (initial DB, current DB) in the sandbox."""
+    async def verify(self, final_answer: str | None = None, *, mode: str = "code",
+                     trajectory: list[dict[str, Any]] | None = None, judge: SqlJudge | None = None,
+                     timeout_s: float | None = None) -> Verdict:
+        """Run the task's verifier on (initial DB, current DB) in the sandbox.
+
+        mode "code": the pure-code verifier's verdict (complete / others / judge_error / timeout).
+        mode "sql": the sql-mode verifier's evidence judged by an LLM (`judge`, default: one
+        configured from OPENAI_BASE_URL / OPENAI_API_KEY / AWM_JUDGE_MODEL) given `trajectory`.
+        """
         if self.task_idx is None:
             raise ValueError("this episode was opened without a task: nothing to verify")
         self._check()
-        row = self.runtime.dataset.verifier(self.scenario, self.task_idx)
+        row = self.runtime.dataset.verifier(self.scenario, self.task_idx, mode=mode)
         code = row.code if row else None
+        timeout_s = timeout_s or self.runtime.verifier_timeout_s
         async with self._busy:
-            return await self.runtime.sandbox().averify(code, str(self.initial_db), str(self.db_path), final_answer,
-                                                        timeout_s=timeout_s or self.runtime.verifier_timeout_s)
+            if mode == "code":
+                return await self.runtime.sandbox().averify(code, str(self.initial_db), str(self.db_path),
+                                                            final_answer, timeout_s=timeout_s)
+            steps = list(trajectory or [])
+            if final_answer:
+                steps.append({"role": "assistant", "content": strip_thinking(final_answer)})
+            judge = judge or self.runtime.judge()
+            return await judge.averify(code, self.task or "", steps, str(self.initial_db), str(self.db_path),
+                                       timeout_s=timeout_s)
 
     async def close(self) -> None:
         """Release the DB connection and delete the episode's files."""

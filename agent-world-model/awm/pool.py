@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -105,8 +106,10 @@ class _WorkerProtocol(asyncio.Protocol):
 class WorkerPool:
     """Processes, request routing, deadlines, crash recovery and episode placement."""
 
-    def __init__(self, num_workers: int | None = None, *, max_scenarios: int = 64) -> None:
+    def __init__(self, num_workers: int | None = None, *, max_scenarios: int = 64,
+                 scratch_dir: str | os.PathLike[str] | None = None) -> None:
         self.num_workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
+        self.scratch_dir = str(scratch_dir or tempfile.gettempdir())  # owner deletes it: killed workers can't
         self.max_scenarios = max_scenarios
         self._ids = itertools.count(1)
         self._closed = False
@@ -130,7 +133,7 @@ class WorkerPool:
         env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(__file__)),
                                                         env.get("PYTHONPATH", "")] if p)
-        slot.proc = subprocess.Popen([sys.executable, "-m", "awm.worker", str(child_sock.fileno())],
+        slot.proc = subprocess.Popen([sys.executable, "-m", "awm.worker", str(child_sock.fileno()), self.scratch_dir],
                                      pass_fds=(child_sock.fileno(),), env=env, start_new_session=True,
                                      stdin=subprocess.DEVNULL)
         child_sock.close()

@@ -173,7 +173,6 @@ class _Helper:
 
     def __init__(self, settings: dict[str, Any], start_timeout_s: float) -> None:
         self.workdir = tempfile.mkdtemp(prefix="awm-verifier-")
-        os.chmod(self.workdir, 0o711)  # a child that dropped to uid nobody must reach its copies
         env = {key: os.environ[key] for key in _ENV_ALLOWLIST if key in os.environ}
         env.update(_ENV_FIXED, HOME=self.workdir)
         config = json.dumps({**settings, "workdir": self.workdir})
@@ -211,8 +210,8 @@ class _Helper:
         if failure:
             self._kill()
             raise SandboxError(
-                f"verifier sandbox failed its self-test under its own lockdown: {failure}; "
-                "a kernel protection it found is unusable here: report this with the traceback"
+                f"verifier sandbox failed its self-test (a probe verifier under the same limits and "
+                f"lockdown): {failure}; raise memory_bytes if it ran out of memory, else report this error"
             )
         return protections
 
@@ -239,7 +238,7 @@ class _Helper:
                 reply = json.loads(line)
                 request_id = reply.pop("id")
             except (ValueError, KeyError, AttributeError):  # a broken helper: kill it, fail what it held
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                _kill_group(self.proc.pid)
                 break
             with self.lock:
                 future = self.pending.pop(request_id, None)
@@ -252,17 +251,16 @@ class _Helper:
         if self.stopping:
             detail = "the verifier sandbox was closed while this verifier ran"
         else:
-            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            detail = f"the verifier sandbox helper died ({how}) while this verifier ran; it restarts on the next call"
+            detail = (
+                f"the verifier sandbox helper died ({_describe_exit(code)}) while this verifier ran; "
+                "it restarts on the next call"
+            )
         for future in orphans.values():
             _resolve(future, {"status": "error", "detail": detail})
         _remove_tree(self.workdir)
 
     def _kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(self.proc.pid)
         self.proc.wait()
         _remove_tree(self.workdir)
 
@@ -321,7 +319,7 @@ class VerifierSandbox:
 
     @property
     def protections(self) -> dict[str, Any]:
-        """Which kernel protections the helper could apply: network_isolated, landlock_abi, child_uid."""
+        """The kernel protections in force: network_isolated, landlock_abi, seccomp_no_fork, capabilities_dropped, uid."""
         return dict(self._current_helper().protections)
 
     def _current_helper(self) -> _Helper:
@@ -501,11 +499,11 @@ def _remove_tree(path: str) -> None:
 _PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_SECCOMP = 22
+_PR_GET_SECCOMP, _PR_SET_SECCOMP = 21, 22
 _CLONE_NEWNET = 0x40000000
 # Landlock syscalls carry the same numbers on every Linux architecture.
 _SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
-_LL_EXECUTE, _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 1, 1 << 2, 1 << 3
 _LL_TRUNCATE = 1 << 14
 # seccomp: (audit arch, syscalls that create processes or threads) per machine.
 _SECCOMP_FORK_SYSCALLS = {"x86_64": (0xC000003E, (56, 57, 58, 435)), "aarch64": (0xC00000B7, (220, 435))}
@@ -651,7 +649,8 @@ class _Lockdown:
             except OSError:
                 pass  # no Landlock in this kernel, or disabled
         self.ruleset_fd = _landlock_ruleset(libc, self.landlock_abi, workdir) if self.landlock_abi else -1
-        self.seccomp = _seccomp_no_fork_program() if libc is not None else None
+        seccomp_ok = libc is not None and libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) >= 0  # kernel has it
+        self.seccomp = _seccomp_no_fork_program() if seccomp_ok else None
         # Root keeps uid 0 (its interpreter may live under /root) but gives up every capability.
         self.drop_capabilities = libc is not None and os.geteuid() == 0
 
@@ -740,12 +739,8 @@ def _call_bound(func: Any, initial: str, final: str, final_answer: str | None) -
 
 def _run_verifier(request: dict[str, Any], initial: str, final: str) -> dict[str, Any]:
     code, name = request["code"], request["function"]
-    linecache.cache[_SOURCE_NAME] = (
-        len(code),
-        None,
-        code.splitlines(True),
-        _SOURCE_NAME,
-    )  # source in tracebacks
+    # Register the source so tracebacks show the verifier's lines, not just their numbers.
+    linecache.cache[_SOURCE_NAME] = (len(code), None, code.splitlines(True), _SOURCE_NAME)
     namespace: dict[str, Any] = {
         "__name__": "awm_verifier",
         "__builtins__": builtins,
@@ -879,6 +874,16 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+def _describe_exit(returncode: int) -> str:
+    """'signal SIGKILL' or 'exit code 3', from a subprocess-style return code."""
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
 def _reply_from_child(output: bytes, status: int) -> dict[str, Any]:
     try:
         message = json.loads(output)
@@ -890,10 +895,7 @@ def _reply_from_child(output: bytes, status: int) -> dict[str, Any]:
         return {"status": "error", "detail": str(message.get("error", ""))}
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
         return {"status": "timeout", "detail": "verifier exceeded its CPU time limit and was killed"}
-    if os.WIFSIGNALED(status):
-        how = f"signal {signal.Signals(os.WTERMSIG(status)).name}"
-    else:
-        how = f"exit code {os.waitstatus_to_exitcode(status)}"
+    how = _describe_exit(os.waitstatus_to_exitcode(status))
     return {"status": "error", "detail": f"verifier process ended without a result ({how})"}
 
 

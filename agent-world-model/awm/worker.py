@@ -2,10 +2,10 @@
 
 Started by `awm.pool.WorkerPool` as `python -m awm.worker <fd>` with an allow-listed
 environment (generated code never sees API keys). Requests arrive over a socket as
-`(request_id, op, payload)` tuples and are served one at a time, in order: handlers of AWM
-code are blocking SQLAlchemy work, so concurrency inside one process would buy nothing and
-would let episodes interleave on shared module state. A reader thread drains the socket so
-the parent never blocks on a full pipe.
+`(request_id, op, payload)` frames and are served one at a time, in order, by an asyncio loop
+that awaits each app call directly: handlers of AWM code are blocking SQLAlchemy work, so
+concurrency inside one process would buy nothing and would let episodes interleave on shared
+module state. The parent's transport buffers what we have not read yet, so it never blocks.
 
 Invariant: the worker that owns an episode's connection is the only writer of that
 episode's DB file; reset, snapshot and restore go through it (SQLite backup API).
@@ -16,13 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
 import shutil
 import socket
 import sqlite3
 import sys
 import tempfile
-import threading
 import traceback
 from typing import Any
 
@@ -35,13 +33,11 @@ log = logging.getLogger("awm.worker")
 class Worker:
     """All state of one worker process; `handle` serves one request."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch_root: str | None = None) -> None:
         self.router = EpisodeRouter()
-        self.loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self.loop)
         self.envs: dict[str, LoadedEnv] = {}
         self.episodes: dict[str, tuple[str, EpisodeDB]] = {}
-        self.scratch = tempfile.mkdtemp(prefix="awm-worker-")
+        self.scratch = tempfile.mkdtemp(prefix="awm-worker-", dir=scratch_root)
 
     # ops -----------------------------------------------------------------------------
     def op_ping(self, _: dict) -> dict:
@@ -72,9 +68,9 @@ class Worker:
         self.episodes[p["episode"]] = (p["scenario"], EpisodeDB(p["db_path"]))
         return {}
 
-    def op_call(self, p: dict) -> dict:
+    async def op_call(self, p: dict) -> dict:
         scenario, db = self._episode(p["episode"])
-        obs = call_tool(self.envs[scenario], self.router, db, self.loop, p["tool"], p.get("arguments"))
+        obs = await call_tool(self.envs[scenario], self.router, db, p["tool"], p.get("arguments"))
         return obs.to_dict()
 
     def op_restore(self, p: dict) -> dict:
@@ -112,47 +108,37 @@ class Worker:
         except KeyError:
             raise KeyError(f"episode {episode!r} is not open in this worker") from None
 
-    def handle(self, op: str, payload: dict) -> tuple[bool, Any]:
+    async def handle(self, op: str, payload: dict) -> tuple[bool, Any]:
         fn = getattr(self, f"op_{op}", None)
         if fn is None:
             return False, {"type": "ValueError", "message": f"unknown op {op!r}"}
         try:
-            return True, fn(payload)
+            result = fn(payload)
+            return True, (await result if asyncio.iscoroutine(result) else result)
         except Exception as exc:
             return False, {"type": type(exc).__name__, "message": str(exc),
                            "traceback": "".join(traceback.format_exc(limit=-4))}
 
 
-def serve(sock: socket.socket) -> None:
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-
-    def read() -> None:
-        buffer = bytearray()
-        try:
-            while (messages := wire.recv_messages(sock, buffer)) is not None:
-                for message in messages:
-                    inbox.put(message)
-        except OSError:
-            pass
-        inbox.put(None)  # parent is gone: finish
-
-    threading.Thread(target=read, daemon=True, name="awm-worker-reader").start()
-    worker = Worker()
+async def serve(sock: socket.socket, scratch_root: str | None = None) -> None:
+    """Read frames, answer each in order; return when the parent closes the socket."""
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    worker, buffer = Worker(scratch_root), bytearray()
     try:
-        while (msg := inbox.get()) is not None:
-            req_id, op, payload = msg
-            ok, result = worker.handle(op, payload)
-            try:
-                sock.sendall(wire.encode((req_id, ok, result)))
-            except OSError:
-                break
+        while data := await reader.read(1 << 16):
+            buffer += data
+            for req_id, op, payload in wire.decode_all(buffer):
+                ok, result = await worker.handle(op, payload)
+                writer.write(wire.encode((req_id, ok, result)))
+    except (ConnectionError, OSError):
+        pass  # parent is gone
     finally:
         shutil.rmtree(worker.scratch, ignore_errors=True)
 
 
 def main() -> None:
     logging.basicConfig(level=os.environ.get("AWM_LOG_LEVEL", "WARNING"))
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    asyncio.run(serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2] if len(sys.argv) > 2 else None))
 
 
 if __name__ == "__main__":

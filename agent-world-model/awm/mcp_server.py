@@ -1,0 +1,556 @@
+"""Serve AWM episodes over MCP streamable HTTP: one MCP session is one isolated episode.
+
+Upstream runs one fastapi-mcp server process per episode (awm-format.md sections 6 and 10):
+about 2.6 s and 260 MB before the first call, a restart instead of a reset, and a temp file
+that races when one scenario starts twice (section 12). Here one server answers for many
+scenarios from one `EnvRuntime`: `/mcp` serves the default scenario, `/mcp/{scenario}` any
+allowed one, both optionally with `?task_idx=N`. Each MCP session opens its own episode (a
+private DB copy) at its first tools/list or tools/call and closes it when the session ends
+(DELETE, idle expiry, server shutdown), so two sessions never see each other's writes.
+Replies are plain JSON (`json_response=True`), as upstream's.
+
+Beside MCP, a JSON control plane the agent never sees lets a remote rollout finish an episode:
+
+    POST /episodes/{session_id}/verify    {"final_answer": str|null, "task_idx": int|null} -> Verdict
+    POST /episodes/{session_id}/reset
+    POST /episodes/{session_id}/snapshot  -> {"snapshot": id}
+    POST /episodes/{session_id}/restore   {"snapshot": id}
+    GET  /episodes/{session_id}/state     -> {"state_hash", "steps", "scenario", "task_idx"}
+    GET  /health                          -> {"status": "ok", "scenarios": [...], "open_episodes": n}
+
+The session id is the `mcp-session-id` header of the initialize reply; mcp 2.3's client does not
+expose it, so read it with an httpx2 response hook (as tests/awm/test_mcp_server.py does).
+
+Command line: `python -m awm.mcp_server --scenario S [--data-dir D] [--host H] [--port P]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+import uvicorn
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from awm.data import normalize_scenario_name
+from awm.episode import EnvRuntime, Episode, Snapshot
+from awm.pool import InfraError
+
+log = logging.getLogger(__name__)
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOOPBACK_HOST_HEADERS = ["127.0.0.1", "localhost", "[::1]"]  # the Host header values naming them
+SESSION_IDLE_TIMEOUT_S = 30 * 60  # an abandoned session (no DELETE) gives its episode back after this
+SHUTDOWN_GRACE_S = 3.0  # uvicorn waits this long for open requests before cancelling them
+_TARGET = "awm.target"  # ASGI scope key: the validated (scenario, task_idx) of an MCP request
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What an MCP URL asks for: a scenario and, optionally, the task the episode is for."""
+
+    scenario: str
+    task_idx: int | None
+
+    @property
+    def path(self) -> str:
+        return f"/mcp/{self.scenario}" + ("" if self.task_idx is None else f"?task_idx={self.task_idx}")
+
+
+@dataclass
+class _Session:
+    """One MCP session's episode (opened at first use) and the snapshots the control plane took."""
+
+    session_id: str
+    target: _Target
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    episode: Episode | None = None
+    failure: str | None = None  # set after an infrastructure error: the episode is gone for good
+    ended: bool = False
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    snapshot_ids: Iterator[int] = field(default_factory=itertools.count)
+
+
+class _SessionEpisodes:
+    """The episodes opened through MCP, one per MCP session id; the only owner of those episodes."""
+
+    def __init__(self, runtime: EnvRuntime) -> None:
+        self.runtime = runtime
+        self._sessions: dict[str, _Session] = {}
+
+    def get(self, session_id: str) -> _Session | None:
+        return self._sessions.get(session_id)
+
+    def add(self, session_id: str, target: _Target) -> _Session:
+        session = self._sessions[session_id] = _Session(session_id, target)
+        return session
+
+    def open_count(self) -> int:
+        return sum(1 for s in self._sessions.values() if s.episode is not None)
+
+    async def episode(self, session: _Session) -> Episode:
+        """The session's episode, opened at first use; concurrent first requests share one open."""
+        async with session.lock:
+            if session.failure:
+                raise InfraError(f"this session's episode was closed after an infrastructure failure "
+                                 f"({session.failure}): start a new MCP session")
+            if session.episode is None:
+                if session.ended:
+                    raise RuntimeError(f"MCP session {session.session_id} has ended")
+                episode = await self.runtime.open(session.target.scenario, session.target.task_idx)
+                if session.ended:  # the session ended while its episode was being opened
+                    await episode.close()
+                    raise RuntimeError(f"MCP session {session.session_id} has ended")
+                session.episode = episode
+            return session.episode
+
+    async def fail(self, session: _Session, reason: str) -> None:
+        """Close the episode after an infrastructure error; later calls say why instead of reopening."""
+        log.warning("MCP session %s: infrastructure error, episode closed: %s", session.session_id, reason)
+        session.failure = session.failure or reason
+        episode, session.episode = session.episode, None
+        if episode is not None:
+            await episode.close()
+
+    async def end(self, session_id: str) -> None:
+        """The MCP session is over: close its episode and forget it."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
+        session.ended = True
+        episode, session.episode = session.episode, None
+        if episode is not None:
+            await episode.close()
+
+    async def close_all(self) -> None:
+        for session_id in list(self._sessions):
+            await self.end(session_id)
+
+
+class _HttpError(Exception):
+    """A control-plane request that cannot be served; becomes a JSON error with this status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _on_session_end(ctx: ServerRequestContext[Any, Any], callback: Callable[[], Awaitable[None]]) -> None:
+    """Run `callback` when the SDK tears the MCP session down (DELETE, idle expiry, crash, shutdown).
+
+    The SDK unwinds each connection's `exit_stack` exactly then. mcp 2.3's low-level handler
+    context does not expose the connection yet (its `Context.connection` is not wired up),
+    hence the private attribute, checked so that an SDK change fails loudly here.
+    """
+    connection = getattr(ctx.session, "_connection", None)
+    if connection is None or not hasattr(connection, "exit_stack"):
+        raise RuntimeError("this mcp SDK does not expose the session's Connection as mcp 2.3 does: "
+                           "install mcp==2.3.* or adapt awm.mcp_server._on_session_end")
+    connection.exit_stack.push_async_callback(callback)
+
+
+def _rpc_error(status: int, code: int, message: str, data: Any = None) -> JSONResponse:
+    error = {"code": code, "message": message, **({"data": data} if data is not None else {})}
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=status)
+
+
+def _tool_result(text: str, is_error: bool) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
+
+
+class _McpEndpoint:
+    """The ASGI app behind `/mcp` and `/mcp/{scenario}`: checks the URL, then hands over to the SDK."""
+
+    def __init__(self, service: _EpisodeService) -> None:
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope)
+        if request.method == "GET":
+            # Episodes never push messages, and an idle SSE stream per session would hold the
+            # session (and its episode) open past its idle timeout and stall shutdown.
+            await JSONResponse({"error": "this server sends no server-initiated messages: no GET stream"},
+                               status_code=405, headers={"Allow": "POST, DELETE"})(scope, receive, send)
+            return
+        version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+        if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            # 2026-era requests carry no session, so they cannot own an episode; this error makes
+            # an auto-negotiating client fall back to the initialize handshake.
+            supported = list(HANDSHAKE_PROTOCOL_VERSIONS)
+            await _rpc_error(400, types.UNSUPPORTED_PROTOCOL_VERSION,
+                             f"AWM episodes live in stateful MCP sessions: use one of {supported} "
+                             "with the initialize handshake",
+                             {"supported": supported, "requested": version})(scope, receive, send)
+            return
+        try:
+            scope[_TARGET] = self.service.target(request)
+        except _HttpError as exc:
+            await _rpc_error(exc.status, types.INVALID_REQUEST, str(exc))(scope, receive, send)
+            return
+        await self.service.manager.handle_request(scope, receive, send)
+
+
+class _EpisodeService:
+    """Everything behind the app: scenario routing, MCP handlers and the control plane."""
+
+    def __init__(self, runtime: EnvRuntime, scenarios: list[str] | None, default_scenario: str | None,
+                 session_idle_timeout_s: float | None) -> None:
+        self.runtime = runtime
+        self.scenarios, self.default = _resolve_scenarios(runtime, scenarios, default_scenario)
+        self._allowed = set(self.scenarios)
+        self.episodes = _SessionEpisodes(runtime)
+        self._listings: dict[str, types.ListToolsResult] = {}
+        self.server: Server[Any] = Server("awm", on_list_tools=self._list_tools, on_call_tool=self._call_tool)
+        self.manager = StreamableHTTPSessionManager(self.server, json_response=True,
+                                                    session_idle_timeout=session_idle_timeout_s)
+
+    # ---- routing ---------------------------------------------------------------------------
+    def target(self, request: Request) -> _Target:
+        """The scenario and task an MCP URL names, or an _HttpError saying what to use instead."""
+        name = request.path_params.get("scenario")
+        if name is None:
+            if self.default is None:
+                raise _HttpError(404, f"this server has no default scenario: use /mcp/{{scenario}} with one of "
+                                      f"{_preview(self.scenarios)}")
+            scenario = self.default
+        else:
+            scenario = normalize_scenario_name(name)
+            if scenario not in self._allowed:
+                raise _HttpError(404, f"scenario {name!r} is not served here: use /mcp/{{scenario}} with one of "
+                                      f"{_preview(self.scenarios)}")
+        raw = request.query_params.get("task_idx")
+        if raw in (None, ""):
+            return _Target(scenario, None)
+        try:
+            task_idx = int(raw)
+        except ValueError:
+            raise _HttpError(400, f"task_idx must be an integer, got {raw!r}") from None
+        _check_task(self.runtime, scenario, task_idx)
+        return _Target(scenario, task_idx)
+
+    # ---- MCP handlers ----------------------------------------------------------------------
+    def _session(self, ctx: ServerRequestContext[Any, Any]) -> _Session:
+        request = ctx.request
+        session_id = request.headers.get(MCP_SESSION_ID_HEADER) if request is not None else None
+        if not session_id or _TARGET not in request.scope:
+            raise MCPError(types.INVALID_REQUEST, "AWM episodes live in stateful MCP sessions: connect over "
+                                                  "streamable HTTP with the initialize handshake")
+        target = request.scope[_TARGET]
+        session = self.episodes.get(session_id)
+        if session is None:
+            session = self.episodes.add(session_id, target)
+            _on_session_end(ctx, lambda: self.episodes.end(session_id))
+        elif session.target != target:
+            raise MCPError(types.INVALID_REQUEST, f"MCP session {session_id} was opened on {session.target.path}: "
+                                                  "send its requests there, or open a new session")
+        return session
+
+    async def _list_tools(self, ctx: ServerRequestContext[Any, Any],
+                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        session = self._session(ctx)
+        try:
+            episode = await self.episodes.episode(session)
+        except InfraError as exc:
+            await self.episodes.fail(session, str(exc))
+            raise MCPError(types.INTERNAL_ERROR, f"Infrastructure error: {exc}") from None
+        listing = self._listings.get(episode.scenario)
+        if listing is None:  # the same for every episode of a scenario: build the models once
+            listing = self._listings[episode.scenario] = types.ListToolsResult(tools=[
+                types.Tool(name=t["name"], description=t["description"], input_schema=t["inputSchema"])
+                for t in episode.tools])
+        return listing
+
+    async def _call_tool(self, ctx: ServerRequestContext[Any, Any],
+                         params: types.CallToolRequestParams) -> types.CallToolResult:
+        session = self._session(ctx)
+        try:
+            episode = await self.episodes.episode(session)
+            obs = await episode.call(params.name, params.arguments)
+        except InfraError as exc:
+            await self.episodes.fail(session, str(exc))
+            return _tool_result(f"Infrastructure error: {exc}", is_error=True)
+        return _tool_result(obs.text, obs.is_error)
+
+    # ---- control plane ---------------------------------------------------------------------
+    def _lookup(self, request: Request) -> tuple[_Session, Episode]:
+        session_id = request.path_params["session_id"]
+        session = self.episodes.get(session_id)
+        if session is None or (session.episode is None and session.failure is None):
+            raise _HttpError(404, f"no episode for MCP session {session_id!r}: an episode opens at its session's "
+                                  "first tools/list or tools/call and closes when the session ends")
+        if session.episode is None:
+            raise _HttpError(503, f"Infrastructure error: the episode of MCP session {session_id!r} was closed "
+                                  f"after an infrastructure failure ({session.failure}): start a new session")
+        return session, session.episode
+
+    async def _run(self, request: Request, action: Callable[[_Session, Episode, dict[str, Any]],
+                                                           Awaitable[dict[str, Any]]]) -> JSONResponse:
+        """Run one control-plane action and turn its failures into JSON errors that say what to do."""
+        try:
+            session, episode = self._lookup(request)
+            body = await _json_body(request)
+            try:
+                return JSONResponse(await action(session, episode, body))
+            except InfraError as exc:
+                await self.episodes.fail(session, str(exc))
+                raise _HttpError(503, f"Infrastructure error: {exc}") from None
+            except RuntimeError:
+                if not episode.closed:
+                    raise
+                raise _HttpError(404, f"the episode of MCP session {session.session_id!r} closed during this "
+                                      "request (its session ended)") from None
+        except _HttpError as exc:
+            return JSONResponse({"error": str(exc), "infra_error": str(exc).startswith("Infrastructure error")},
+                                status_code=exc.status)
+
+    async def verify(self, request: Request) -> JSONResponse:
+        async def action(session: _Session, episode: Episode, body: dict[str, Any]) -> dict[str, Any]:
+            final_answer, task_idx = body.get("final_answer"), body.get("task_idx")
+            if final_answer is not None and not isinstance(final_answer, str):
+                raise _HttpError(400, "final_answer must be a string or null")
+            if task_idx is not None and (not isinstance(task_idx, int) or isinstance(task_idx, bool)):
+                raise _HttpError(400, "task_idx must be an integer or null")
+            self._bind_task(session, episode, task_idx)
+            return (await episode.verify(final_answer)).to_dict()
+        return await self._run(request, action)
+
+    def _bind_task(self, session: _Session, episode: Episode, task_idx: int | None) -> None:
+        """Fix the task an episode is verified against: from the URL, else from the verify request."""
+        if task_idx is None or task_idx == episode.task_idx:
+            if episode.task_idx is None:
+                raise _HttpError(400, f"MCP session {session.session_id!r} was opened without a task: pass "
+                                      "\"task_idx\" in the verify request, or connect to /mcp/{scenario}?task_idx=N")
+            return
+        if episode.task_idx is not None:
+            raise _HttpError(409, f"MCP session {session.session_id!r} was opened for task {episode.task_idx}, "
+                                  f"not {task_idx}: open a session on /mcp/{episode.scenario}?task_idx={task_idx}")
+        _check_task(self.runtime, episode.scenario, task_idx)
+        episode.assign_task(task_idx)
+
+    async def reset(self, request: Request) -> JSONResponse:
+        async def action(session: _Session, episode: Episode, body: dict[str, Any]) -> dict[str, Any]:
+            await episode.reset()
+            return {"status": "ok", "steps": episode.steps}
+        return await self._run(request, action)
+
+    async def snapshot(self, request: Request) -> JSONResponse:
+        async def action(session: _Session, episode: Episode, body: dict[str, Any]) -> dict[str, Any]:
+            snap = await episode.snapshot()
+            snapshot_id = f"snap-{next(session.snapshot_ids)}"
+            session.snapshots[snapshot_id] = snap
+            return {"snapshot": snapshot_id, "steps": snap.step}
+        return await self._run(request, action)
+
+    async def restore(self, request: Request) -> JSONResponse:
+        async def action(session: _Session, episode: Episode, body: dict[str, Any]) -> dict[str, Any]:
+            snapshot_id = body.get("snapshot")
+            snap = session.snapshots.get(snapshot_id) if isinstance(snapshot_id, str) else None
+            if snap is None:
+                raise _HttpError(404, f"unknown snapshot {snapshot_id!r} for MCP session "
+                                      f"{session.session_id!r}: use an id returned by its /snapshot, one of "
+                                      f"{sorted(session.snapshots)}")
+            await episode.restore(snap)
+            return {"status": "ok", "steps": episode.steps}
+        return await self._run(request, action)
+
+    async def state(self, request: Request) -> JSONResponse:
+        async def action(session: _Session, episode: Episode, body: dict[str, Any]) -> dict[str, Any]:
+            state_hash = await asyncio.to_thread(episode.state_hash)  # reads the whole DB: not on the loop
+            return {"state_hash": state_hash, "steps": episode.steps, "scenario": episode.scenario,
+                    "task_idx": episode.task_idx}
+        return await self._run(request, action)
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "scenarios": self.scenarios,
+                             "open_episodes": self.episodes.open_count()})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """Run the SDK's session manager; leaving it ends every session, and so closes every episode."""
+        try:
+            async with self.manager.run():
+                yield
+        finally:
+            await self.episodes.close_all()
+
+
+def _resolve_scenarios(runtime: EnvRuntime, scenarios: list[str] | None,
+                       default: str | None) -> tuple[list[str], str | None]:
+    """The allowed scenario names (normalised; None = every runnable one) and the default one."""
+    runnable = runtime.dataset.scenario_names(runnable_only=True)
+    names = runnable if scenarios is None else list(dict.fromkeys(normalize_scenario_name(s) for s in scenarios))
+    default = normalize_scenario_name(default) if default else None
+    if default and default not in names:
+        names.append(default)
+    missing = sorted(set(names) - set(runnable))
+    if missing:
+        raise ValueError(f"scenarios {missing} are not runnable in {runtime.dataset.data_dir} (each needs "
+                         f"gen_tasks, gen_db and gen_envs rows): choose from {_preview(runnable)}")
+    return names, default
+
+
+def _check_task(runtime: EnvRuntime, scenario: str, task_idx: int) -> None:
+    n = len(runtime.dataset.tasks(scenario))
+    if not 0 <= task_idx < n:
+        raise _HttpError(400, f"scenario {scenario!r} has {n} tasks: task_idx must be in 0..{n - 1}, got {task_idx}")
+
+
+def _preview(names: list[str], limit: int = 8) -> str:
+    return ", ".join(names[:limit]) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    if request.method != "POST":
+        return {}
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise _HttpError(400, "the request body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise _HttpError(400, "the request body must be a JSON object")
+    return body
+
+
+def build_app(runtime: EnvRuntime, scenarios: list[str] | None = None, default_scenario: str | None = None, *,
+              allowed_hosts: list[str] | None = None,
+              session_idle_timeout_s: float | None = SESSION_IDLE_TIMEOUT_S) -> Starlette:
+    """The ASGI app: MCP at `/mcp` and `/mcp/{scenario}`, the control plane under `/episodes`, `/health`.
+
+    `scenarios=None` serves every runnable scenario of the runtime's data. Run the app in the
+    event loop that uses `runtime`. `allowed_hosts` guards against DNS rebinding (the SDK's
+    default for a loopback server); leave it None when clients reach the server by other names.
+    """
+    service = _EpisodeService(runtime, scenarios, default_scenario, session_idle_timeout_s)
+    mcp = _McpEndpoint(service)
+    routes = [
+        Route("/mcp", mcp),
+        Route("/mcp/{scenario}", mcp),
+        Route("/episodes/{session_id}/verify", service.verify, methods=["POST"]),
+        Route("/episodes/{session_id}/reset", service.reset, methods=["POST"]),
+        Route("/episodes/{session_id}/snapshot", service.snapshot, methods=["POST"]),
+        Route("/episodes/{session_id}/restore", service.restore, methods=["POST"]),
+        Route("/episodes/{session_id}/state", service.state, methods=["GET"]),
+        Route("/health", service.health, methods=["GET"]),
+    ]
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
+    return Starlette(routes=routes, middleware=middleware, lifespan=service.lifespan)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn that leaves signals to its caller, so a signal during startup or teardown is handled too."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _announce(scenario: str, url: str) -> None:
+    print(f"AWM MCP server for {scenario} at {url}", flush=True)
+
+
+async def serve(runtime: EnvRuntime, scenario: str, *, host: str = "127.0.0.1", port: int = 0,
+                scenarios: list[str] | None = None, stop: asyncio.Event | None = None,
+                ready: Callable[[str, str], None] = _announce) -> None:
+    """Serve `runtime` until `stop` is set; every episode is closed on the way out, the runtime is not.
+
+    The default scenario is loaded before the port opens, so a bad name fails before anything
+    listens and the first session does not pay for the load. Once listening, `ready(scenario, url)`
+    gets the actual URL (port 0 picks a free port); by default it prints the one line
+    `AWM MCP server for <scenario> at http://HOST:PORT/mcp`.
+    """
+    stop = stop or asyncio.Event()
+    scenario = runtime.scenario(scenario).name  # KeyError naming the data directory if unknown
+    if not await _until_stopped(runtime.tools(scenario), stop):
+        return
+    loopback = host in LOOPBACK_HOSTS
+    app = build_app(runtime, scenarios, scenario, allowed_hosts=LOOPBACK_HOST_HEADERS if loopback else None)
+    server = _Uvicorn(uvicorn.Config(app, host=host, port=port, loop="asyncio", log_level="warning",
+                                     access_log=False, lifespan="on", timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+    serving = asyncio.ensure_future(server.serve())
+    try:
+        while not (server.started or serving.done() or stop.is_set()):
+            await asyncio.sleep(0.01)
+        if server.started and not stop.is_set():
+            bound = server.servers[0].sockets[0].getsockname()[1]
+            ready(scenario, f"http://{f'[{host}]' if ':' in host else host}:{bound}/mcp")
+        await _until_stopped(asyncio.shield(serving), stop)
+    finally:
+        server.should_exit = True
+        await serving  # also when cancelled: uvicorn's shutdown closes every episode before we return
+
+
+async def _until_stopped(work: Awaitable[Any], stop: asyncio.Event) -> bool:
+    """Await `work` unless `stop` is set first (then cancel it); True when `work` finished."""
+    task, stopped = asyncio.ensure_future(work), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not task.done():
+        task.cancel()
+        return False
+    task.result()
+    return True
+
+
+def run_server(data_dir: str | None, scenario: str, host: str, port: int, num_workers: int | None,
+               scenarios: list[str] | None = None) -> None:
+    """Blocking entry point of `awm env start`: serve until SIGINT/SIGTERM, then close everything.
+
+    Everything = every episode, the worker processes and the verifier sandbox (the runtime).
+    """
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        runtime = EnvRuntime(data_dir, num_workers=num_workers)
+        try:
+            await serve(runtime, scenario, host=host, port=port, scenarios=scenarios, stop=stop)
+        finally:
+            runtime.close()
+
+    asyncio.run(main())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m awm.mcp_server", description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", required=True, help="the scenario served at /mcp")
+    parser.add_argument("--data-dir", default=None, help="AWM-1K data directory (default: the bundled scenarios)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed once listening)")
+    parser.add_argument("--num-workers", type=int, default=None)
+    parser.add_argument("--scenarios", nargs="*", default=None,
+                        help="scenarios served at /mcp/{scenario} (default: every runnable one)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    run_server(args.data_dir, args.scenario, args.host, args.port, args.num_workers, args.scenarios)
+
+
+if __name__ == "__main__":
+    main()
