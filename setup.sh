@@ -92,5 +92,5 @@ fi
 log "preparing the embedded default (bundled scenarios -> template databases)"
 "$VENV/bin/awm" env reset_db --quiet
 
-sha256sum "$ROOT/requirements-cpu.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1 > "$VENV/.stateful-rl-setup"
+cat "$ROOT/requirements-cpu.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d" " -f1 > "$VENV/.stateful-rl-setup"
 log "done ($MODE). Next: $VENV/bin/awm demo    |    bash tests/run.sh"

@@ -79,6 +79,11 @@ class EpisodeDB:
         self.conn = sqlite3.connect(path, check_same_thread=False)
         # No ATTACH: SQL injected through tool arguments must not reach other episodes' files.
         self.conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        # Rollback journal in memory, no fsync: transactions still roll back, and a DB that a
+        # dying worker leaves half-written belongs to an episode already marked failed.
+        # 3-4x faster writes and resets on these throwaway files.
+        self.conn.execute("PRAGMA journal_mode=MEMORY")
+        self.conn.execute("PRAGMA synchronous=OFF")
         self.pools: dict[int, Any] = {}
 
     @contextlib.contextmanager

@@ -120,8 +120,12 @@ class EnvRuntime:
         return self._templates[scenario]
 
     async def _load(self, slot: WorkerSlot, scenario: str) -> list[ToolSpec]:
+        loaded = slot.loaded.get(scenario)
+        if loaded is not None and loaded.done() and not loaded.exception() and scenario in self._tools:
+            slot.loaded.move_to_end(scenario)
+            return self._tools[scenario]  # the hot path of open(): nothing to build or import
         await self.pool.start()
-        path, report = await asyncio.to_thread(self.template, scenario)
+        path, report = self._templates.get(scenario) or await asyncio.to_thread(self.template, scenario)
         sc = self.dataset.scenario(scenario)
         if not sc.full_code:
             raise EnvLoadError(f"scenario {scenario!r} has no environment code (no gen_envs row)")
@@ -259,6 +263,7 @@ class Episode:
         self.infra_error: str | None = None
         self.closed = False
         self._snapshots = itertools.count()
+        self._snapshot_paths: list[Path] = []
         self._busy = asyncio.Lock()
 
     def assign_task(self, task_idx: int) -> None:
@@ -304,6 +309,7 @@ class Episode:
         """Save the current state; cheap (a page copy of a small DB)."""
         async with self._busy:
             path = self.db_path.with_name(f"{self.id}.snap{next(self._snapshots)}.db")
+            self._snapshot_paths.append(path)
             await self._rpc("snapshot", {"dest": str(path)})
             return Snapshot(self.id, path, self.steps)
 
@@ -359,7 +365,7 @@ class Episode:
                 await rt._rpc(self._slot, self._generation, "close", {"episode": self.id}, rt.call_timeout_s)
             except (InfraError, WorkerRequestError):
                 pass  # the worker is gone or never had it: nothing left to release
-        for path in self.db_path.parent.glob(f"{self.id}.*"):
+        for path in [self.db_path, *self._snapshot_paths]:
             path.unlink(missing_ok=True)
 
     async def __aenter__(self) -> Episode:

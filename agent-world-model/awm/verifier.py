@@ -8,38 +8,26 @@ kernel offers them, Landlock (read-only allow-list, no exec, no TCP, no signals 
 filter (no fork), dropped capabilities (root) and a network namespace. The helper kills a child
 at its wall-clock deadline.
 
-This file is also the helper's script: it imports only the standard library on purpose.
+The helper's side (the lockdown, the limits, the forking loop) lives in `awm.sandbox`; this module
+starts it, talks to it over pipes and turns its replies into verdicts.
 """
 
 import asyncio
-import builtins
-import ctypes
 import dataclasses
-import fcntl
-import gc
-import inspect
 import itertools
 import json
-import linecache
-import math
 import os
-import pathlib
 import re
-import resource
 import select
-import selectors
-import shutil
-import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
-from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
+
+from awm.sandbox import HELPER_SCRIPT, describe_exit, kill_group, remove_tree
 
 CODE_VERDICTS = ("complete", "others", "judge_error", "timeout")
 SQL_VERDICTS = ("complete", "incomplete", "agent_error", "server_error", "judge_error", "timeout")
@@ -51,9 +39,6 @@ DEFAULT_FUNCTIONS = {"code": "verify_task_completion", "sql": "verify_task"}
 _ENV_ALLOWLIST = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ")
 # Verifiers may not start threads (seccomp, RLIMIT_NPROC): keep numeric libraries single-threaded.
 _ENV_FIXED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-_MAX_RESULT_BYTES = 8 << 20
-_TRACEBACK_LINES = 8
-_SOURCE_NAME = "<awm-verifier>"
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _THINK_OPEN = re.compile(r"<think>", re.IGNORECASE)
 _THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
@@ -177,7 +162,7 @@ class _Helper:
         env.update(_ENV_FIXED, HOME=self.workdir)
         config = json.dumps({**settings, "workdir": self.workdir})
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", os.path.abspath(__file__), config],
+            [sys.executable, "-I", HELPER_SCRIPT, config],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=self.workdir,
@@ -205,7 +190,7 @@ class _Helper:
             self._kill()
             raise SandboxError(
                 f"verifier sandbox helper did not start within {timeout_s:g} s (said {line[:200]!r}); "
-                f"run `{sys.executable} -I {os.path.abspath(__file__)}` by hand to see its error"
+                f"run `{sys.executable} -I {HELPER_SCRIPT}` by hand to see its error"
             ) from None
         if failure:
             self._kill()
@@ -238,7 +223,7 @@ class _Helper:
                 reply = json.loads(line)
                 request_id = reply.pop("id")
             except (ValueError, KeyError, AttributeError):  # a broken helper: kill it, fail what it held
-                _kill_group(self.proc.pid)
+                kill_group(self.proc.pid)
                 break
             with self.lock:
                 future = self.pending.pop(request_id, None)
@@ -252,17 +237,17 @@ class _Helper:
             detail = "the verifier sandbox was closed while this verifier ran"
         else:
             detail = (
-                f"the verifier sandbox helper died ({_describe_exit(code)}) while this verifier ran; "
+                f"the verifier sandbox helper died ({describe_exit(code)}) while this verifier ran; "
                 "it restarts on the next call"
             )
         for future in orphans.values():
             _resolve(future, {"status": "error", "detail": detail})
-        _remove_tree(self.workdir)
+        remove_tree(self.workdir)
 
     def _kill(self) -> None:
-        _kill_group(self.proc.pid)
+        kill_group(self.proc.pid)
         self.proc.wait()
-        _remove_tree(self.workdir)
+        remove_tree(self.workdir)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Close the request pipe (the helper then kills its children and exits); force it after grace_s."""
@@ -479,563 +464,3 @@ def _run_from_reply(reply: dict[str, Any], elapsed_s: float) -> SandboxRun:
         detail=reply.get("detail", ""),
         elapsed_s=elapsed_s,
     )
-
-
-def _remove_tree(path: str) -> None:
-    """Delete a request or helper directory, including the read-only ones made for children."""
-    for root, dirs, _ in os.walk(path):
-        for name in dirs:
-            try:
-                os.chmod(os.path.join(root, name), 0o700)
-            except OSError:
-                pass
-    shutil.rmtree(path, ignore_errors=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Helper process side: everything below runs in `python -I verifier.py CONFIG` and its children.
-# ---------------------------------------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-_PR_CAPBSET_DROP = 24
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_GET_SECCOMP, _PR_SET_SECCOMP = 21, 22
-_CLONE_NEWNET = 0x40000000
-# Landlock syscalls carry the same numbers on every Linux architecture.
-_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
-_LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 1, 1 << 2, 1 << 3
-_LL_TRUNCATE = 1 << 14
-# seccomp: (audit arch, syscalls that create processes or threads) per machine.
-_SECCOMP_FORK_SYSCALLS = {"x86_64": (0xC000003E, (56, 57, 58, 435)), "aarch64": (0xC00000B7, (220, 435))}
-_RESULT_FD, _RULESET_FD = 3, 4
-# What a verifier may read besides its DB copies: the interpreter and system libraries, nothing else
-# (no /proc/<pid>/environ of the trainer, no home directories, no /tmp).
-_SYSTEM_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32")
-_SYSTEM_READ_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/timezone", "/etc/passwd", "/etc/group")
-_DEVICES = {"/dev/null": "rw", "/dev/zero": "r", "/dev/urandom": "r", "/dev/random": "r"}
-
-
-class _LandlockRulesetAttr(ctypes.Structure):
-    _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
-    ]
-
-
-class _LandlockPathBeneathAttr(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_uint16),
-        ("jt", ctypes.c_uint8),
-        ("jf", ctypes.c_uint8),
-        ("k", ctypes.c_uint32),
-    ]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
-
-
-def _checked(result: int, what: str) -> int:
-    """Raise OSError with errno for a failed libc call (they return -1 and set errno)."""
-    if result < 0:
-        raise OSError(ctypes.get_errno(), f"{what} failed")
-    return result
-
-
-def _syscall(libc: ctypes.CDLL, number: int, *args: int) -> int:
-    """A raw syscall with every argument passed as a full-width integer (the variadic ABI needs that)."""
-    return _checked(libc.syscall(ctypes.c_long(number), *map(ctypes.c_ulong, args)), f"syscall {number}")
-
-
-def _prctl(libc: ctypes.CDLL, option: int, arg: int = 0, arg3: int = 0) -> int:
-    return _checked(
-        libc.prctl(ctypes.c_int(option), *map(ctypes.c_ulong, (arg, arg3, 0, 0))), f"prctl({option})"
-    )
-
-
-def _landlock_fs_rights(abi: int) -> int:
-    """Every filesystem right the kernel knows at this ABI: handling a right and not granting it denies it."""
-    rights = (1 << 13) - 1  # execute, write, read, readdir, remove, make_* (ABI 1)
-    for version, bit in ((2, 13), (3, 14), (5, 15)):  # refer, truncate, ioctl_dev
-        if abi >= version:
-            rights |= 1 << bit
-    return rights
-
-
-def _landlock_ruleset(libc: ctypes.CDLL, abi: int, workdir: str) -> int:
-    """A Landlock ruleset (built once in the helper): read-only access to the interpreter, system
-    libraries and the DB copies; no write, create, delete or exec anywhere; no TCP (ABI 4+); no signals
-    or abstract sockets out of the sandbox (ABI 6+)."""
-    attr = _LandlockRulesetAttr(_landlock_fs_rights(abi), 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
-    size = 8 if abi < 4 else 16 if abi < 6 else 24
-    ruleset = _syscall(libc, _SYS_LANDLOCK_CREATE_RULESET, ctypes.addressof(attr), size, 0)
-    readable = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, workdir, *sys.path}
-    readable.update(_SYSTEM_READ_ROOTS, _SYSTEM_READ_FILES)
-    rules = {path: _LL_READ_FILE | _LL_READ_DIR for path in readable if path}
-    write = _LL_WRITE_FILE | (_LL_TRUNCATE if abi >= 3 else 0)
-    rules.update({path: _LL_READ_FILE | (write if mode == "rw" else 0) for path, mode in _DEVICES.items()})
-    for path, rights in rules.items():
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            continue  # a missing optional path
-        try:
-            if not os.path.isdir(path):
-                rights &= ~_LL_READ_DIR
-            rule = _LandlockPathBeneathAttr(rights, fd)
-            _syscall(libc, _SYS_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.addressof(rule), 0)  # 1: path beneath
-        finally:
-            os.close(fd)
-    return ruleset
-
-
-def _seccomp_no_fork_program() -> _SockFprog | None:
-    """A seccomp filter that makes fork, vfork, clone and clone3 fail with EPERM (and refuses foreign
-    syscall ABIs), so a verifier cannot leave processes behind its process group. None off x86_64/aarch64."""
-    arch = _SECCOMP_FORK_SYSCALLS.get(os.uname().machine)
-    if arch is None:
-        return None
-    audit_arch, numbers = arch
-    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    body = [(load, 4), (jeq, audit_arch), (load, 0), (jge, 0x40000000), *((jeq, n) for n in numbers)]
-    deny_at = len(body) + 1
-    program = []
-    for index, (code, k) in enumerate(body):
-        to_deny = deny_at - index - 1
-        if code == load:
-            program.append(_SockFilter(code, 0, 0, k))
-        elif index == 1:  # wrong architecture: deny; right one: go on
-            program.append(_SockFilter(code, 0, to_deny, k))
-        else:
-            program.append(_SockFilter(code, to_deny, 0, k))
-    program += [_SockFilter(ret, 0, 0, allow), _SockFilter(ret, 0, 0, deny)]
-    filters = (_SockFilter * len(program))(*program)
-    fprog = _SockFprog(len(program), filters)
-    fprog._keep = filters  # the filter array must outlive the struct that points to it
-    return fprog
-
-
-class _Lockdown:
-    """The kernel protections the helper found available, applied by each child to itself."""
-
-    def __init__(self, workdir: str) -> None:
-        self.libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-        libc = self.libc
-        # The helper only talks over pipes, so it can leave the network for itself and all children.
-        self.network_isolated = libc is not None and libc.unshare(ctypes.c_int(_CLONE_NEWNET)) == 0
-        self.landlock_abi = 0
-        if libc is not None:
-            try:  # flag 1 asks for the ABI version
-                self.landlock_abi = _syscall(libc, _SYS_LANDLOCK_CREATE_RULESET, 0, 0, 1)
-            except OSError:
-                pass  # no Landlock in this kernel, or disabled
-        self.ruleset_fd = _landlock_ruleset(libc, self.landlock_abi, workdir) if self.landlock_abi else -1
-        seccomp_ok = libc is not None and libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) >= 0  # kernel has it
-        self.seccomp = _seccomp_no_fork_program() if seccomp_ok else None
-        # Root keeps uid 0 (its interpreter may live under /root) but gives up every capability.
-        self.drop_capabilities = libc is not None and os.geteuid() == 0
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "network_isolated": self.network_isolated,
-            "landlock_abi": self.landlock_abi,
-            "seccomp_no_fork": self.seccomp is not None,
-            "capabilities_dropped": self.drop_capabilities,
-            "uid": os.geteuid(),
-        }
-
-    def apply(self, helper_pid: int) -> None:
-        libc = self.libc
-        if libc is None:
-            return
-        if self.drop_capabilities:  # first: a credential change would clear the death signal set below
-            for cap in range(64):
-                try:
-                    _prctl(libc, _PR_CAPBSET_DROP, cap)
-                except OSError:
-                    break  # past the last capability this kernel knows
-            _checked(libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), (_CapData * 2)()), "capset")
-        _prctl(libc, _PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != helper_pid:  # the helper died before the line above took effect
-            os._exit(0)
-        _prctl(libc, _PR_SET_NO_NEW_PRIVS, 1)
-        if self.ruleset_fd >= 0:
-            _syscall(libc, _SYS_LANDLOCK_RESTRICT_SELF, _RULESET_FD, 0)
-            os.close(_RULESET_FD)
-        if self.seccomp is not None:
-            _prctl(libc, _PR_SET_SECCOMP, 2, ctypes.addressof(self.seccomp))  # 2: filter mode
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _write_line(fd: int, message: dict[str, Any]) -> None:
-    _write_all(fd, (json.dumps(message) + "\n").encode())
-
-
-def _json_safe(value: Any, depth: int = 0) -> Any:
-    """A copy of a verifier's return value that json.dumps accepts (sets, bytes, NaN, objects -> str/list)."""
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if depth > 50:
-        return repr(value)[:200]
-    if isinstance(value, dict):
-        return {k if isinstance(k, str) else str(k): _json_safe(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(item, depth + 1) for item in value]
-    if isinstance(value, set | frozenset):
-        return sorted((_json_safe(item, depth + 1) for item in value), key=repr)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
-def _traceback_tail(exc: BaseException) -> str:
-    """The last lines of the verifier's traceback: this file's frames and caret lines left out, and
-    the verifier's locals dropped first (they may be the memory bomb that raised)."""
-    tb = exc.__traceback__
-    traceback.clear_frames(tb)
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
-    lines = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip().splitlines()
-    lines = [line for line in lines if line.strip(" ^~")]
-    return "\n".join(lines[-_TRACEBACK_LINES:])[-2000:]
-
-
-def _call_bound(func: Any, initial: str, final: str, final_answer: str | None) -> Any:
-    """Call the verifier with arguments bound by parameter name, positionally when no name matches."""
-    params = inspect.signature(func).parameters
-    answer = final_answer or ""
-    named = (("initial_db_path", initial), ("final_db_path", final), ("final_answer", answer))
-    kwargs = {name: value for name, value in named if name in params}
-    if not kwargs and len(params) >= 2:
-        return func(*[initial, final, answer][: min(len(params), 3)])
-    return func(**kwargs)
-
-
-def _run_verifier(request: dict[str, Any], initial: str, final: str) -> dict[str, Any]:
-    code, name = request["code"], request["function"]
-    # Register the source so tracebacks show the verifier's lines, not just their numbers.
-    linecache.cache[_SOURCE_NAME] = (len(code), None, code.splitlines(True), _SOURCE_NAME)
-    namespace: dict[str, Any] = {
-        "__name__": "awm_verifier",
-        "__builtins__": builtins,
-        "sqlite3": sqlite3,
-        "json": json,
-        "os": os,
-    }
-    if request["mode"] == "code":
-        namespace["re"] = re
-    try:
-        exec(compile(code, _SOURCE_NAME, "exec"), namespace)
-        func = namespace.get(name)
-        if not callable(func):
-            return {"ok": False, "error": f"the verifier code defines no function named {name!r}"}
-        value = _call_bound(func, initial, final, request.get("final_answer"))
-        return {"ok": True, "type": type(value).__name__, "value": _json_safe(value)}
-    except BaseException as exc:  # SystemExit and MemoryError included: all are the verifier's failures
-        namespace.clear()
-        return {"ok": False, "error": _traceback_tail(exc)}
-
-
-def _copy_database(src: str, dst: str) -> None:
-    """A self-contained copy: a plain file copy, or an SQLite backup when a WAL file holds recent writes."""
-    wal = src + "-wal"
-    if os.path.exists(wal) and os.path.getsize(wal) > 0:
-        source = sqlite3.connect(pathlib.Path(src).resolve().as_uri() + "?mode=ro", uri=True)
-        target = sqlite3.connect(dst)
-        try:
-            source.backup(target)
-            target.execute("PRAGMA journal_mode=DELETE")
-        finally:
-            source.close()
-            target.close()
-    else:
-        shutil.copyfile(src, dst)
-
-
-def _snapshot_databases(request: dict[str, Any], reqdir: str) -> tuple[str, str]:
-    os.mkdir(reqdir, 0o700)
-    copies = []
-    for label in ("initial", "final"):
-        src = request[f"{label}_db"]
-        if not os.path.isfile(src):
-            raise FileNotFoundError(f"{label} database not found: {src}")
-        dst = os.path.join(reqdir, f"{label}.db")
-        _copy_database(src, dst)
-        os.chmod(dst, 0o444)
-        copies.append(dst)
-    os.chmod(reqdir, 0o555)
-    return copies[0], copies[1]
-
-
-def _redirect_stdio(result_fd: int, ruleset_fd: int) -> None:
-    """Leave the child /dev/null as stdio, its result pipe as fd 3, the Landlock ruleset as fd 4, nothing else."""
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    # Copy both above fd 4 first: either may sit on 3 or 4 now and be overwritten by the other.
-    moves = [(fcntl.fcntl(result_fd, fcntl.F_DUPFD, _RULESET_FD + 1), _RESULT_FD)]
-    if ruleset_fd >= 0:
-        moves.append((fcntl.fcntl(ruleset_fd, fcntl.F_DUPFD, _RULESET_FD + 1), _RULESET_FD))
-    for source, target in moves:
-        os.dup2(source, target)
-    os.closerange(_RESULT_FD + len(moves), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-
-
-def _apply_limits(settings: dict[str, Any], timeout_s: float) -> None:
-    cpu_s = math.ceil(timeout_s) + 1  # a backstop: the helper's wall-clock deadline comes first
-    limits = [
-        ("RLIMIT_AS", settings["memory_bytes"], settings["memory_bytes"]),
-        ("RLIMIT_CPU", cpu_s, cpu_s + 1),  # SIGXCPU first, SIGKILL a second later
-        ("RLIMIT_NOFILE", settings["max_open_files"], settings["max_open_files"]),
-        ("RLIMIT_FSIZE", 0, 0),  # no file can grow, wherever the verifier manages to open one
-        ("RLIMIT_CORE", 0, 0),
-        ("RLIMIT_NPROC", 0, 0),  # no fork for a non-root uid (root is exempt: seccomp covers it)
-    ]
-    for name, soft, hard in limits:
-        limit = getattr(resource, name, None)
-        if limit is not None:
-            resource.setrlimit(limit, (soft, hard))
-
-
-def _child_main(request: dict[str, Any], result_fd: int, reqdir: str, server: "_Server") -> None:
-    """Body of a forked child: snapshot, lock down, run the verifier, report on fd 3. Never returns."""
-    os.setpgid(0, 0)  # own process group: the helper kills the group on timeout
-    _redirect_stdio(result_fd, server.lockdown.ruleset_fd)
-    try:
-        if request["mode"] == "probe":
-            initial = final = ""
-        else:
-            initial, final = _snapshot_databases(request, reqdir)
-            os.chdir(reqdir)
-        _apply_limits(server.settings, request["timeout_s"])
-        server.lockdown.apply(server.pid)
-        message = _run_verifier(request, initial, final)
-    except BaseException as exc:
-        message = {"ok": False, "error": f"sandbox setup failed: {exc!r}"}
-    try:
-        data = json.dumps(message).encode()
-    except BaseException:
-        data = b'{"ok": false, "error": "the verifier result could not be encoded"}'
-    _write_all(_RESULT_FD, data)
-    os._exit(0)
-
-
-# Run once at helper start under the full lockdown: a sandbox that cannot import a module or read a
-# database would turn every verdict into judge_error, so it must fail at start instead.
-_PROBE_CODE = """
-def verify_probe(initial_db_path, final_db_path):
-    import decimal, fractions, statistics, zoneinfo
-    sqlite3.connect(":memory:").execute("SELECT 1").fetchall()
-    return {"result": "complete"}
-"""
-
-
-@dataclasses.dataclass
-class _Job:
-    request_id: int
-    pid: int
-    fd: int
-    deadline: float
-    timeout_s: float
-    reqdir: str
-    output: bytearray = dataclasses.field(default_factory=bytearray)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _describe_exit(returncode: int) -> str:
-    """'signal SIGKILL' or 'exit code 3', from a subprocess-style return code."""
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
-def _reply_from_child(output: bytes, status: int) -> dict[str, Any]:
-    try:
-        message = json.loads(output)
-    except ValueError:
-        message = None
-    if isinstance(message, dict) and "ok" in message:
-        if message["ok"]:
-            return {"status": "ok", "value": message.get("value"), "type": message.get("type", "")}
-        return {"status": "error", "detail": str(message.get("error", ""))}
-    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
-        return {"status": "timeout", "detail": "verifier exceeded its CPU time limit and was killed"}
-    how = _describe_exit(os.waitstatus_to_exitcode(status))
-    return {"status": "error", "detail": f"verifier process ended without a result ({how})"}
-
-
-class _Server:
-    """The helper's loop: read requests on stdin, fork children, collect results, enforce deadlines."""
-
-    def __init__(self, settings: dict[str, Any]) -> None:
-        self.settings = settings
-        self.pid = os.getpid()
-        self.workdir = settings["workdir"]
-        self.lockdown = _Lockdown(self.workdir)
-        self.selector = selectors.DefaultSelector()
-        self.inbox = bytearray()
-        self.queue: deque[dict[str, Any]] = deque()
-        self.jobs: dict[int, _Job] = {}
-
-    def self_test(self) -> str:
-        """Run the probe verifier under the full lockdown; return "" or what went wrong."""
-        probe = {
-            "id": -1,
-            "mode": "probe",
-            "code": _PROBE_CODE,
-            "function": "verify_probe",
-            "timeout_s": 10.0,
-        }
-        job = self._spawn(probe)
-        if job is None:
-            return "could not fork the probe"
-        self.selector.unregister(job.fd)
-        while select.select([job.fd], [], [], max(0.0, job.deadline - time.monotonic()))[0]:
-            chunk = os.read(job.fd, 1 << 16)
-            if not chunk:
-                break
-            job.output += chunk
-        os.close(job.fd)
-        del self.jobs[job.fd]
-        _kill_group(job.pid)
-        _, status = os.waitpid(job.pid, 0)
-        reply = _reply_from_child(bytes(job.output), status)
-        return "" if reply.get("value") == {"result": "complete"} else reply.get("detail") or "no answer"
-
-    def serve(self) -> None:
-        self.selector.register(0, selectors.EVENT_READ)
-        while True:
-            while self.queue and len(self.jobs) < self.settings["max_workers"]:
-                self._spawn(self.queue.popleft())
-            timeout = None
-            if self.jobs:
-                timeout = max(0.0, min(job.deadline for job in self.jobs.values()) - time.monotonic())
-            for key, _ in self.selector.select(timeout):
-                if key.fd == 0:
-                    if not self._read_requests():
-                        self._shutdown()
-                        return
-                else:
-                    self._read_child(key.data)
-            now = time.monotonic()
-            for job in [job for job in self.jobs.values() if job.deadline <= now]:
-                detail = f"verifier ran past its {job.timeout_s:g} s wall-clock limit and was killed"
-                self._finish(job, {"status": "timeout", "detail": detail})
-
-    def _read_requests(self) -> bool:
-        chunk = os.read(0, 1 << 20)
-        if not chunk:
-            return False
-        self.inbox += chunk
-        *lines, rest = bytes(self.inbox).split(b"\n")
-        self.inbox = bytearray(rest)
-        self.queue.extend(json.loads(line) for line in lines if line.strip())
-        return True
-
-    def _spawn(self, request: dict[str, Any]) -> _Job | None:
-        reqdir = os.path.join(self.workdir, f"req-{request['id']}")
-        read_fd, write_fd = os.pipe()
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            os.close(read_fd)
-            os.close(write_fd)
-            _write_line(
-                1, {"id": request["id"], "status": "error", "detail": f"could not fork a verifier: {exc}"}
-            )
-            return None
-        if pid == 0:
-            try:
-                os.close(read_fd)
-                _child_main(request, write_fd, reqdir, self)
-            finally:
-                os._exit(70)
-        os.close(write_fd)
-        job = _Job(
-            request["id"], pid, read_fd, time.monotonic() + request["timeout_s"], request["timeout_s"], reqdir
-        )
-        self.jobs[read_fd] = job
-        self.selector.register(read_fd, selectors.EVENT_READ, job)
-        return job
-
-    def _read_child(self, job: _Job) -> None:
-        chunk = os.read(job.fd, 1 << 16)
-        if chunk and len(job.output) + len(chunk) <= _MAX_RESULT_BYTES:
-            job.output += chunk
-        elif chunk:
-            self._finish(
-                job,
-                {"status": "error", "detail": f"verifier result is larger than {_MAX_RESULT_BYTES} bytes"},
-            )
-        else:
-            self._finish(job, None)
-
-    def _finish(self, job: _Job, reply: dict[str, Any] | None) -> None:
-        """Reap the child (killing its group first: it may linger after closing its pipe) and answer."""
-        self.selector.unregister(job.fd)
-        os.close(job.fd)
-        del self.jobs[job.fd]
-        _kill_group(job.pid)
-        _, status = os.waitpid(job.pid, 0)
-        _remove_tree(job.reqdir)
-        if reply is None:
-            reply = _reply_from_child(bytes(job.output), status)
-        _write_line(1, {"id": job.request_id, **reply})
-
-    def _shutdown(self) -> None:
-        for job in list(self.jobs.values()):
-            _kill_group(job.pid)
-            os.waitpid(job.pid, 0)
-        _remove_tree(self.workdir)
-
-
-def _helper_main(config: str) -> None:
-    """Entry point of the helper process: find the protections, prove them with a probe, then serve."""
-    settings = {"memory_bytes": 1 << 30, "max_workers": 4, "max_open_files": 64, **json.loads(config)}
-    if "workdir" not in settings:  # started by hand: never reuse (and later delete) the current directory
-        settings["workdir"] = tempfile.mkdtemp(prefix="awm-verifier-")
-    server = _Server(settings)
-    gc.freeze()  # keep the warm heap shared with children instead of copied by the collector
-    failure = server.self_test()
-    _write_line(1, {"pid": server.pid, "protections": server.lockdown.describe(), "self_test": failure})
-    if not failure:
-        server.serve()
-
-
-if __name__ == "__main__":
-    _helper_main(sys.argv[1] if len(sys.argv) > 1 else "{}")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from awm import verifier
+from awm.sandbox import HELPER_SCRIPT
 from awm.verifier import Verdict, VerifierSandbox, strip_thinking, verifier_function_name, verify_code
 
 EXCERPT = Path(__file__).resolve().parents[2].parent / "shared" / "awm_1k_excerpt"
@@ -64,7 +65,7 @@ def _digest(path: Path) -> str:
 
 def _sandbox_processes() -> set[int]:
     """Pids of live processes running the sandbox helper script (helpers and their children)."""
-    marker = str(Path(verifier.__file__).resolve()).encode()
+    marker = HELPER_SCRIPT.encode()
     pids = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
