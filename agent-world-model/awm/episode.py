@@ -90,6 +90,7 @@ class EnvRuntime:
         self._templates: dict[str, tuple[Path, BuildReport]] = {}
         self._tools: dict[str, list[ToolSpec]] = {}
         self._completed: set[str] = set()  # templates whose env-code schema was folded in
+        self._broken: dict[str, str] = {}  # scenario -> why its environment code does not load
         self._sandbox: VerifierSandbox | None = None
         self._judge: SqlJudge | None = None
         self._counter = itertools.count()
@@ -120,6 +121,8 @@ class EnvRuntime:
         return self._templates[scenario]
 
     async def _load(self, slot: WorkerSlot, scenario: str) -> list[ToolSpec]:
+        if scenario in self._broken:  # import failures are deterministic: do not re-import per episode
+            raise EnvLoadError(self._broken[scenario])
         loaded = slot.loaded.get(scenario)
         if loaded is not None and loaded.done() and not loaded.exception() and scenario in self._tools:
             slot.loaded.move_to_end(scenario)
@@ -133,7 +136,8 @@ class EnvRuntime:
         try:
             info = await asyncio.shield(fut)
         except WorkerRequestError as exc:
-            raise EnvLoadError(exc.info.get("message", str(exc))) from None
+            self._broken[scenario] = exc.info.get("message", str(exc))
+            raise EnvLoadError(self._broken[scenario]) from None
         if info["created_sql"] and scenario not in self._completed:
             self._completed.add(scenario)
             self._complete_template(path, report, info["created_sql"],

@@ -221,6 +221,8 @@ class WorkerPool:
         if self._loop is None or self._closed:
             raise RuntimeError("the worker pool is not running: `await pool.start()` first (and do not use it "
                                "after close())")
+        if asyncio.get_running_loop() is not self._loop:
+            raise RuntimeError("the worker pool belongs to another event loop: create one EnvRuntime per loop")
         fut = self._loop.create_future()
         if generation is not None and generation != slot.generation:
             fut.set_exception(WorkerCrashed(slot.dead_reason or f"worker {slot.index} was replaced"))

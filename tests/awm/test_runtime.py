@@ -148,6 +148,9 @@ def test_broken_environment_code_names_the_scenario_and_spares_others(fault_data
                 await rt.open("broken_import")
             with pytest.raises(EnvLoadError, match="broken_syntax.*SyntaxError"):
                 await rt.open("broken_syntax")
+            with pytest.raises(EnvLoadError, match="broken_syntax"):  # remembered: no second import
+                await rt.open("broken_syntax")
+            assert sum(rt.pool.slots[0].loaded.get(s) is not None for s in ("broken_import", "broken_syntax")) == 2
             ep = await rt.open("faults")  # same worker, still healthy
             assert not (await ep.call("list_notes", {})).is_error
             assert rt.pool.restarts == 0
@@ -207,6 +210,16 @@ def test_generated_code_sees_no_secrets(fault_data_dir, cache_dir, monkeypatch):
             assert worker_pid != os.getpid()
 
     run(main())
+
+
+def test_runtime_refuses_a_second_event_loop(fault_data_dir, cache_dir):
+    rt = EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir)
+    try:
+        asyncio.run(rt.open("faults"))
+        with pytest.raises(RuntimeError, match="another event loop"):
+            asyncio.run(rt.open("faults"))
+    finally:
+        rt.close()
 
 
 def test_many_concurrent_episodes(fault_data_dir, cache_dir):
