@@ -26,6 +26,7 @@ import sqlite3
 import tempfile
 import threading
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,8 @@ class EnvRuntime:
         self.verifier_timeout_s = verifier_timeout_s
         root = Path(episode_dir) if episode_dir else default_episode_dir()
         self.episode_dir = Path(tempfile.mkdtemp(prefix="awm-episodes-", dir=root))
+        # Episode files live in RAM (/dev/shm): delete them even if close() is never called.
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.episode_dir), True)
         self.pool = WorkerPool(num_workers, scratch_dir=self.episode_dir)
         self._lock = threading.Lock()
         self._template_locks: dict[str, threading.Lock] = {}
@@ -237,7 +240,7 @@ class EnvRuntime:
         self.pool.close()
         if self._sandbox is not None:
             self._sandbox.close()
-        shutil.rmtree(self.episode_dir, ignore_errors=True)
+        self._cleanup()
 
     async def __aenter__(self) -> EnvRuntime:
         return self
