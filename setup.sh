@@ -69,7 +69,7 @@ if [[ "$SKIP_DEPS" == 0 ]]; then
   fi
   if [[ "$MODE" == "cpu" ]]; then
     log "installing the pinned CPU set (requirements-cpu.txt)"
-    "${UV[@]}" "${TORCH_SRC[@]}" -r "$ROOT/requirements-cpu.txt"
+    "${UV[@]}" "${TORCH_SRC[@]}" -r "$ROOT/requirements-cpu.txt" -c "$ROOT/constraints-cpu.txt"
   else
     log "installing the GPU set (requirements-cpu.txt minus CPU torch, plus the gpu extra)"
     grep -v '^torch==' "$ROOT/requirements-cpu.txt" > "$VENV/requirements-gpu.txt"
@@ -92,5 +92,5 @@ fi
 log "preparing the embedded default (bundled scenarios -> template databases)"
 "$VENV/bin/awm" env reset_db --quiet
 
-cat "$ROOT/requirements-cpu.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d" " -f1 > "$VENV/.stateful-rl-setup"
+cat "$ROOT/requirements-cpu.txt" "$ROOT/constraints-cpu.txt" "$ROOT/pyproject.toml" | sha256sum | cut -d" " -f1 > "$VENV/.stateful-rl-setup"
 log "done ($MODE). Next: $VENV/bin/awm demo    |    bash tests/run.sh"

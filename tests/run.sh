@@ -5,7 +5,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-want="$(cat requirements-cpu.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+want="$(cat requirements-cpu.txt constraints-cpu.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [[ ! -x .venv/bin/python ]] || [[ "$(cat .venv/.stateful-rl-setup 2>/dev/null)" != "$want" ]]; then
   bash setup.sh
 fi

@@ -1,5 +1,9 @@
 """clinic_appointments_1: a clinic's patient portal (appointments, prescriptions, refills, messages)."""
 
+from functools import partial
+
+from awm.scenarios.verifier_kit import ID_DIFF_PRELUDE, verifier
+
 NAME = "clinic_appointments_1"
 
 DESCRIPTION = (
@@ -311,71 +315,8 @@ SAMPLE = [
     },
 ]
 
-# Shared opening of every verifier: read-only access, table diffs keyed by id, answer normalisation.
-_PRELUDE = '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
-    import re
-    import sqlite3
-
-    def fetch(path, sql, params=()):
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            return conn.execute(sql, params).fetchall()
-        finally:
-            conn.close()
-
-    def table(path, name):
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            cur = conn.execute(f'SELECT * FROM "{name}"')
-            cols = [d[0] for d in cur.description]
-            return {r[0]: dict(zip(cols, r)) for r in cur.fetchall()}
-        finally:
-            conn.close()
-
-    def table_names(path):
-        return sorted(r[0] for r in fetch(path, "SELECT name FROM sqlite_master WHERE type = 'table' "
-                                                "AND name NOT LIKE 'sqlite_%'"))
-
-    def diff(name):
-        before, after = table(initial_db_path, name), table(final_db_path, name)
-        added = sorted(k for k in after if k not in before)
-        removed = sorted(k for k in before if k not in after)
-        changed = sorted(k for k in before if k in after and before[k] != after[k])
-        return before, after, added, removed, changed
-
-    def unchanged_except(*names):
-        if table_names(initial_db_path) != table_names(final_db_path):
-            return False
-        return all(table(initial_db_path, n) == table(final_db_path, n)
-                   for n in table_names(initial_db_path) if n not in names)
-
-    def answer_text():
-        text = re.sub(r"<think>.*?</think>", " ", str(final_answer or ""), flags=re.S)
-        return text.lower()
-
-    def mentions_number(text, value):
-        words = {0: "zero", 1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven",
-                 8: "eight", 9: "nine", 10: "ten"}
-        if re.search(rf"(?<![\\d.]){value}(?![\\d]|\\.\\d)", text):
-            return True
-        return value in words and re.search(rf"\\b{words[value]}\\b", text) is not None
-
-'''
-
-_EPILOGUE = '''
-    try:
-        return {"result": "complete" if check() else "others"}
-    except Exception:
-        return {"result": "others"}
-'''
-
-
-def _verifier(check_body: str) -> str:
-    """A complete verifier: the shared prelude, `def check()` with `check_body`, then the verdict."""
-    lines = check_body.strip("\n").splitlines()
-    body = "\n".join(("        " + ln) if ln.strip() else "" for ln in lines)
-    return _PRELUDE + "    def check():\n" + body + "\n" + _EPILOGUE
-
+# A verifier: the kit's id-keyed table diffs and answer helpers, then one task's check().
+_verifier = partial(verifier, ID_DIFF_PRELUDE)
 
 TASKS = [
     {

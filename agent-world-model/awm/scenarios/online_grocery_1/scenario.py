@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-import textwrap
+from functools import partial
+
+from awm.scenarios.verifier_kit import (
+    ANSWER,
+    CLOSE,
+    HAS_NUMBER,
+    NORM,
+    ONE,
+    ROWS,
+    TABLE_SORTED,
+    UNCHANGED_TABLES,
+    prelude,
+    verifier,
+)
 
 NAME = "online_grocery_1"
 
@@ -313,73 +326,27 @@ SAMPLE = [
     },
 ]
 
-_ALL_TABLES = [t["name"] for t in TABLES]
+# Helpers of this shop's verifiers, beside the kit's.
+_SHOP_HELPERS = '''
+def product_id(name):
+    return one(initial_db_path, "SELECT id FROM products WHERE name = ?", (name,))
 
-_PRELUDE = '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
-    import json
-    import re
-    import sqlite3
+def cart(path, user=1):
+    found = rows(path, "SELECT product_id, quantity FROM cart_items WHERE user_id = ?", (user,))
+    result = {}
+    for pid, qty in found:
+        result[pid] = result.get(pid, 0) + qty
+    return result
 
-    all_tables = ALL_TABLES
-
-    def rows(path, sql, params=()):
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            return [tuple(r) for r in conn.execute(sql, params).fetchall()]
-        finally:
-            conn.close()
-
-    def one(path, sql, params=()):
-        found = rows(path, sql, params)
-        return found[0][0] if len(found) == 1 else None
-
-    def table(path, name):
-        return sorted(rows(path, f"SELECT * FROM {name}"), key=repr)
-
-    def unchanged(*names):
-        return all(table(initial_db_path, n) == table(final_db_path, n) for n in names)
-
-    def product_id(name):
-        return one(initial_db_path, "SELECT id FROM products WHERE name = ?", (name,))
-
-    def cart(path, user=1):
-        found = rows(path, "SELECT product_id, quantity FROM cart_items WHERE user_id = ?", (user,))
-        result = {}
-        for pid, qty in found:
-            result[pid] = result.get(pid, 0) + qty
-        return result
-
-    def other_carts(path):
-        return sorted(rows(path, "SELECT user_id, product_id, quantity FROM cart_items WHERE user_id != 1"))
-
-    def answer():
-        return re.sub(r"\\s+", " ", str(final_answer or "")).strip().lower()
-
-    def norm(value):
-        return re.sub(r"\\s+", " ", str(value or "")).strip().lower().rstrip(".")
-
-    def has_number(value):
-        found = re.findall(r"\\d+(?:\\.\\d+)?", answer().replace(",", ""))
-        return any(abs(float(x) - float(value)) < 0.005 for x in found)
-
-    def close(a, b):
-        return a is not None and b is not None and abs(float(a) - float(b)) < 0.011
-
-    def check():
+def other_carts(path):
+    return sorted(rows(path, "SELECT user_id, product_id, quantity FROM cart_items WHERE user_id != 1"))
 '''
 
-_EPILOGUE = '''
-    try:
-        return check()
-    except Exception:
-        return {"result": "others"}
-'''
-
-
-def _verifier(body: str) -> str:
-    """Wrap a check() body into one self-contained verify_task_completion source."""
-    prelude = _PRELUDE.replace("ALL_TABLES", repr(_ALL_TABLES))
-    return prelude + textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8) + "\n" + _EPILOGUE
+# A verifier: the kit's row helpers and this shop's, then one task's check(), which returns the verdict.
+_verifier = partial(verifier, prelude(
+    f"all_tables = {[t['name'] for t in TABLES]!r}",
+    ROWS, ONE, TABLE_SORTED, UNCHANGED_TABLES, _SHOP_HELPERS, ANSWER, NORM, HAS_NUMBER, CLOSE,
+    imports=("json", "re", "sqlite3")), check_returns_verdict=True)
 
 
 def _call(tool: str, **arguments) -> dict:

@@ -1,5 +1,19 @@
 """personal_finance_1: a personal banking app (accounts, payees, transfers, budgets, bill pay)."""
 
+from functools import partial
+
+from awm.scenarios.verifier_kit import (
+    DIFF_ROWS,
+    MENTIONS_AMOUNT,
+    NUMBERS,
+    ONLY_CHANGED,
+    SAME_MONEY,
+    TABLE_BY_ID,
+    UNCHANGED_BY_DIFF,
+    prelude,
+    verifier,
+)
+
 NAME = "personal_finance_1"
 
 DESCRIPTION = (
@@ -221,251 +235,180 @@ SAMPLE = [
 ]
 
 # ---------------------------------------------------------------------------
-# verifiers: each one is a self-contained function (helpers inlined below)
+# verifiers: self-contained functions, verifier_kit's helpers inlined before each check()
 # ---------------------------------------------------------------------------
 
-_HEAD = r'''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
-    import re
-    import sqlite3
-
-    tables = ["users", "accounts", "payees", "transfers", "transactions", "budgets", "scheduled_payments"]
-
-    def load(path, table):
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            cur = conn.execute(f"SELECT * FROM {table}")
-            cols = [d[0] for d in cur.description]
-            return {row[0]: dict(zip(cols, row)) for row in cur.fetchall()}
-        finally:
-            conn.close()
-
-    def diff(table):
-        before = load(initial_db_path, table)
-        after = load(final_db_path, table)
-        added = [after[k] for k in sorted(after) if k not in before]
-        removed = [before[k] for k in sorted(before) if k not in after]
-        changed = {}
-        for k in before:
-            if k in after:
-                old = {c: v for c, v in before[k].items() if c != "updated_at"}
-                new = {c: v for c, v in after[k].items() if c != "updated_at"}
-                if old != new:
-                    changed[k] = (before[k], after[k])
-        return added, removed, changed
-
-    def unchanged(*names):
-        return all(diff(t) == ([], [], {}) for t in names)
-
-    def same_money(x, y):
-        return x is not None and y is not None and abs(float(x) - float(y)) < 0.005
-
-    def numbers(text):
-        text = re.sub(r"(?<=\d),(?=\d{3})", "", text or "")
-        return [float(n) for n in re.findall(r"\d+(?:\.\d+)?", text)]
-
-    def mentions_amount(text, value):
-        return any(abs(n - value) < 0.005 for n in numbers(text))
-
-    def only_changed(row_before, row_after, fields):
-        for c in row_before:
-            if c == "updated_at" or c in fields:
-                continue
-            if row_before[c] != row_after[c]:
-                return False
-        return True
-
-'''
-
-_TAIL = r'''
-    try:
-        ok = bool(check())
-    except Exception:
-        ok = False
-    return {"result": "complete" if ok else "others"}
-'''
-
-
-def _verifier(check_body: str) -> str:
-    """A verifier = shared head + a `check()` written for one task + shared tail."""
-    return _HEAD + check_body.strip("\n") + "\n" + _TAIL
+_verifier = partial(verifier, prelude(
+    '''tables = ["users", "accounts", "payees", "transfers", "transactions", "budgets", "scheduled_payments"]''',
+    TABLE_BY_ID, DIFF_ROWS, UNCHANGED_BY_DIFF, SAME_MONEY, NUMBERS, MENTIONS_AMOUNT, ONLY_CHANGED))
 
 
 V_FRESHMART_TOTAL = _verifier(r'''
-    def check():
-        # info: FreshMart spend over all accounts = 86.40 + 54.15 + 41.80 + 73.90 = 256.25
-        if not final_answer or not mentions_amount(final_answer, 256.25):
-            return False
-        return unchanged(*tables)
+# info: FreshMart spend over all accounts = 86.40 + 54.15 + 41.80 + 73.90 = 256.25
+if not final_answer or not mentions_amount(final_answer, 256.25):
+    return False
+return unchanged(*tables)
 ''')
 
 V_NEXT_PAYMENT = _verifier(r'''
-    def check():
-        # info: the earliest active scheduled payment is City Water Utility, 62.00 (the paused electric bill does not count)
-        if not final_answer:
-            return False
-        text = final_answer.lower()
-        if "city water" not in text or not mentions_amount(final_answer, 62.0):
-            return False
-        return unchanged(*tables)
+# info: the earliest active scheduled payment is City Water Utility, 62.00 (the paused electric bill does not count)
+if not final_answer:
+    return False
+text = final_answer.lower()
+if "city water" not in text or not mentions_amount(final_answer, 62.0):
+    return False
+return unchanged(*tables)
 ''')
 
 V_LIQUID_BALANCE = _verifier(r'''
-    def check():
-        # info: open checking + savings = 3120.45 + 8400.00 + 1250.00 = 12770.45
-        if not final_answer or not mentions_amount(final_answer, 12770.45):
-            return False
-        return unchanged(*tables)
+# info: open checking + savings = 3120.45 + 8400.00 + 1250.00 = 12770.45
+if not final_answer or not mentions_amount(final_answer, 12770.45):
+    return False
+return unchanged(*tables)
 ''')
 
 V_TRANSFER_TOPUP = _verifier(r'''
-    def check():
-        added, removed, changed = diff("transfers")
-        if removed or changed or len(added) != 1:
-            return False
-        tr = added[0]
-        if tr["user_id"] != 1 or tr["from_account_id"] != 1 or tr["to_account_id"] != 2:
-            return False
-        if not same_money(tr["amount"], 250.0) or tr["status"] != "completed":
-            return False
-        if (tr["memo"] or "").strip().lower() != "march top-up":
-            return False
-        a_added, a_removed, a_changed = diff("accounts")
-        if a_added or a_removed or set(a_changed) != {1, 2}:
-            return False
-        for acct_id, delta in ((1, -250.0), (2, 250.0)):
-            before, after = a_changed[acct_id]
-            if not same_money(after["balance"] - before["balance"], delta):
-                return False
-            if not only_changed(before, after, {"balance"}):
-                return False
-        t_added, t_removed, t_changed = diff("transactions")
-        if t_removed or t_changed or len(t_added) != 2:
-            return False
-        legs = sorted((t["account_id"], round(t["amount"], 2)) for t in t_added if t["transfer_id"] == tr["id"])
-        if legs != [(1, -250.0), (2, 250.0)]:
-            return False
-        return unchanged("users", "payees", "budgets", "scheduled_payments")
+added, removed, changed = diff("transfers")
+if removed or changed or len(added) != 1:
+    return False
+tr = added[0]
+if tr["user_id"] != 1 or tr["from_account_id"] != 1 or tr["to_account_id"] != 2:
+    return False
+if not same_money(tr["amount"], 250.0) or tr["status"] != "completed":
+    return False
+if (tr["memo"] or "").strip().lower() != "march top-up":
+    return False
+a_added, a_removed, a_changed = diff("accounts")
+if a_added or a_removed or set(a_changed) != {1, 2}:
+    return False
+for acct_id, delta in ((1, -250.0), (2, 250.0)):
+    before, after = a_changed[acct_id]
+    if not same_money(after["balance"] - before["balance"], delta):
+        return False
+    if not only_changed(before, after, {"balance"}):
+        return False
+t_added, t_removed, t_changed = diff("transactions")
+if t_removed or t_changed or len(t_added) != 2:
+    return False
+legs = sorted((t["account_id"], round(t["amount"], 2)) for t in t_added if t["transfer_id"] == tr["id"])
+if legs != [(1, -250.0), (2, 250.0)]:
+    return False
+return unchanged("users", "payees", "budgets", "scheduled_payments")
 ''')
 
 V_SOLAR_PAYEE = _verifier(r'''
-    def check():
-        p_added, p_removed, p_changed = diff("payees")
-        if p_removed or p_changed or len(p_added) != 1:
-            return False
-        payee = p_added[0]
-        if payee["user_id"] != 1 or payee["name"].strip().lower() != "greenway solar":
-            return False
-        if (payee["category"] or "").strip().lower() != "utilities":
-            return False
-        if (payee["account_number"] or "").strip().upper() != "GS-88213":
-            return False
-        s_added, s_removed, s_changed = diff("scheduled_payments")
-        if s_removed or s_changed or len(s_added) != 1:
-            return False
-        sp = s_added[0]
-        if sp["user_id"] != 1 or sp["payee_id"] != payee["id"] or sp["account_id"] != 1:
-            return False
-        if not same_money(sp["amount"], 89.99) or sp["frequency"] != "monthly" or sp["status"] != "active":
-            return False
-        if str(sp["next_run_date"])[:10] != "2027-03-01":
-            return False
-        return unchanged("users", "accounts", "transfers", "transactions", "budgets")
+p_added, p_removed, p_changed = diff("payees")
+if p_removed or p_changed or len(p_added) != 1:
+    return False
+payee = p_added[0]
+if payee["user_id"] != 1 or payee["name"].strip().lower() != "greenway solar":
+    return False
+if (payee["category"] or "").strip().lower() != "utilities":
+    return False
+if (payee["account_number"] or "").strip().upper() != "GS-88213":
+    return False
+s_added, s_removed, s_changed = diff("scheduled_payments")
+if s_removed or s_changed or len(s_added) != 1:
+    return False
+sp = s_added[0]
+if sp["user_id"] != 1 or sp["payee_id"] != payee["id"] or sp["account_id"] != 1:
+    return False
+if not same_money(sp["amount"], 89.99) or sp["frequency"] != "monthly" or sp["status"] != "active":
+    return False
+if str(sp["next_run_date"])[:10] != "2027-03-01":
+    return False
+return unchanged("users", "accounts", "transfers", "transactions", "budgets")
 ''')
 
 V_BUDGETS = _verifier(r'''
-    def check():
-        added, removed, changed = diff("budgets")
-        if removed or len(added) != 1 or set(changed) != {3}:
-            return False
-        pets = added[0]
-        if pets["user_id"] != 1 or pets["category"].strip().lower() != "pets":
-            return False
-        if not same_money(pets["monthly_limit"], 150.0) or pets["alert_threshold_pct"] != 75:
-            return False
-        before, after = changed[3]
-        if not same_money(after["monthly_limit"], 200.0) or after["alert_threshold_pct"] != before["alert_threshold_pct"]:
-            return False
-        if not only_changed(before, after, {"monthly_limit"}):
-            return False
-        return unchanged("users", "accounts", "payees", "transfers", "transactions", "scheduled_payments")
+added, removed, changed = diff("budgets")
+if removed or len(added) != 1 or set(changed) != {3}:
+    return False
+pets = added[0]
+if pets["user_id"] != 1 or pets["category"].strip().lower() != "pets":
+    return False
+if not same_money(pets["monthly_limit"], 150.0) or pets["alert_threshold_pct"] != 75:
+    return False
+before, after = changed[3]
+if not same_money(after["monthly_limit"], 200.0) or after["alert_threshold_pct"] != before["alert_threshold_pct"]:
+    return False
+if not only_changed(before, after, {"monthly_limit"}):
+    return False
+return unchanged("users", "accounts", "payees", "transfers", "transactions", "scheduled_payments")
 ''')
 
 V_PAUSE_STREAMING = _verifier(r'''
-    def check():
-        added, removed, changed = diff("scheduled_payments")
-        if added or removed or set(changed) != {3}:
-            return False
-        before, after = changed[3]
-        if after["status"] != "paused" or not only_changed(before, after, {"status"}):
-            return False
-        return unchanged("users", "accounts", "payees", "transfers", "transactions", "budgets")
+added, removed, changed = diff("scheduled_payments")
+if added or removed or set(changed) != {3}:
+    return False
+before, after = changed[3]
+if after["status"] != "paused" or not only_changed(before, after, {"status"}):
+    return False
+return unchanged("users", "accounts", "payees", "transfers", "transactions", "budgets")
 ''')
 
 V_RECATEGORIZE = _verifier(r'''
-    def check():
-        added, removed, changed = diff("transactions")
-        if added or removed or set(changed) != {8}:
-            return False
-        before, after = changed[8]
-        if (after["category"] or "").strip().lower() != "dining":
-            return False
-        if not only_changed(before, after, {"category"}):
-            return False
-        return unchanged("users", "accounts", "payees", "transfers", "budgets", "scheduled_payments")
+added, removed, changed = diff("transactions")
+if added or removed or set(changed) != {8}:
+    return False
+before, after = changed[8]
+if (after["category"] or "").strip().lower() != "dining":
+    return False
+if not only_changed(before, after, {"category"}):
+    return False
+return unchanged("users", "accounts", "payees", "transfers", "budgets", "scheduled_payments")
 ''')
 
 V_FIX_WRONG_TRANSFER = _verifier(r'''
-    def check():
-        # transfer 4 (120.00 to the Emergency Fund by mistake) must be reversed and exactly one new
-        # completed 120.00 transfer Everyday Checking -> Vacation Fund made; net effect on balances:
-        # checking 0, Emergency Fund -120, Vacation Fund +120, card untouched.
-        added, removed, changed = diff("transfers")
-        if removed or set(changed) != {4} or len(added) != 1:
-            return False
-        before, after = changed[4]
-        if after["status"] != "reversed":
-            return False
-        if not only_changed(before, after, {"status", "reversal_reason", "reversed_at"}):
-            return False
-        tr = added[0]
-        if tr["from_account_id"] != 1 or tr["to_account_id"] != 3 or tr["status"] != "completed":
-            return False
-        if not same_money(tr["amount"], 120.0):
-            return False
-        a_added, a_removed, a_changed = diff("accounts")
-        if a_added or a_removed or not set(a_changed) <= {1, 2, 3}:
-            return False
-        initial = load(initial_db_path, "accounts")
-        final = load(final_db_path, "accounts")
-        expected = {1: 0.0, 2: -120.0, 3: 120.0, 4: 0.0, 5: 0.0, 6: 0.0}
-        for acct_id, delta in expected.items():
-            if not same_money(final[acct_id]["balance"] - initial[acct_id]["balance"], delta):
-                return False
-        t_added, t_removed, t_changed = diff("transactions")
-        if t_removed or t_changed or len(t_added) != 4:
-            return False
-        return unchanged("users", "payees", "budgets", "scheduled_payments")
+# transfer 4 (120.00 to the Emergency Fund by mistake) must be reversed and exactly one new
+# completed 120.00 transfer Everyday Checking -> Vacation Fund made; net effect on balances:
+# checking 0, Emergency Fund -120, Vacation Fund +120, card untouched.
+added, removed, changed = diff("transfers")
+if removed or set(changed) != {4} or len(added) != 1:
+    return False
+before, after = changed[4]
+if after["status"] != "reversed":
+    return False
+if not only_changed(before, after, {"status", "reversal_reason", "reversed_at"}):
+    return False
+tr = added[0]
+if tr["from_account_id"] != 1 or tr["to_account_id"] != 3 or tr["status"] != "completed":
+    return False
+if not same_money(tr["amount"], 120.0):
+    return False
+a_added, a_removed, a_changed = diff("accounts")
+if a_added or a_removed or not set(a_changed) <= {1, 2, 3}:
+    return False
+initial = table(initial_db_path, "accounts")
+final = table(final_db_path, "accounts")
+expected = {1: 0.0, 2: -120.0, 3: 120.0, 4: 0.0, 5: 0.0, 6: 0.0}
+for acct_id, delta in expected.items():
+    if not same_money(final[acct_id]["balance"] - initial[acct_id]["balance"], delta):
+        return False
+t_added, t_removed, t_changed = diff("transactions")
+if t_removed or t_changed or len(t_added) != 4:
+    return False
+return unchanged("users", "payees", "budgets", "scheduled_payments")
 ''')
 
 V_DUPLICATE_RENT = _verifier(r'''
-    def check():
-        # the rent schedule entered twice: the newer one (id 5) must be cancelled, the original (id 1) kept
-        added, removed, changed = diff("scheduled_payments")
-        if added:
-            return False
-        removed_ids = {r["id"] for r in removed}
-        if removed_ids - {5} or set(changed) - {5}:
-            return False
-        if 5 in changed:
-            before, after = changed[5]
-            if after["status"] != "cancelled" or not only_changed(before, after, {"status"}):
-                return False
-        elif 5 not in removed_ids:
-            return False
-        final = load(final_db_path, "scheduled_payments")
-        if final.get(1, {}).get("status") != "active":
-            return False
-        return unchanged("users", "accounts", "payees", "transfers", "transactions", "budgets")
+# the rent schedule entered twice: the newer one (id 5) must be cancelled, the original (id 1) kept
+added, removed, changed = diff("scheduled_payments")
+if added:
+    return False
+removed_ids = {r["id"] for r in removed}
+if removed_ids - {5} or set(changed) - {5}:
+    return False
+if 5 in changed:
+    before, after = changed[5]
+    if after["status"] != "cancelled" or not only_changed(before, after, {"status"}):
+        return False
+elif 5 not in removed_ids:
+    return False
+final = table(final_db_path, "scheduled_payments")
+if final.get(1, {}).get("status") != "active":
+    return False
+return unchanged("users", "accounts", "payees", "transfers", "transactions", "budgets")
 ''')
 
 

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-import textwrap
+from functools import partial
+
+from awm.scenarios.verifier_kit import (
+    ANSWER,
+    NORM,
+    ONE,
+    ROWS,
+    TABLE_SORTED,
+    UNCHANGED_TABLES,
+    prelude,
+    verifier,
+)
 
 NAME = "project_tracker_1"
 
@@ -323,73 +334,36 @@ SAMPLE = [
     },
 ]
 
-_ALL_TABLES = [t["name"] for t in TABLES]
+# Helpers of this tracker's verifiers, beside the kit's.
+_TRACKER_SETUP = (f"all_tables = {[t['name'] for t in TABLES]!r}\n"
+                  'issue_cols = "id, project_id, title, description, status, priority, reporter_id, assignee_id, '
+                  'due_date, created_at"')
 
-_PRELUDE = '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
-    import json
-    import re
-    import sqlite3
+_TRACKER_HELPERS = '''
+def issues(path):
+    # every issue column except updated_at, keyed by id
+    return {r[0]: r for r in rows(path, f"SELECT {issue_cols} FROM issues")}
 
-    all_tables = ALL_TABLES
-    issue_cols = "id, project_id, title, description, status, priority, reporter_id, assignee_id, due_date, created_at"
+def links(path):
+    return set(rows(path, "SELECT issue_id, label_id FROM issue_labels"))
 
-    def rows(path, sql, params=()):
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            return [tuple(r) for r in conn.execute(sql, params).fetchall()]
-        finally:
-            conn.close()
+def project_id(name):
+    return one(initial_db_path, "SELECT id FROM projects WHERE name = ?", (name,))
 
-    def one(path, sql, params=()):
-        found = rows(path, sql, params)
-        return found[0][0] if len(found) == 1 else None
+def issue_id(project, title):
+    return one(initial_db_path, "SELECT id FROM issues WHERE project_id = ? AND title = ?", (project, title))
 
-    def table(path, name):
-        return sorted(rows(path, f"SELECT * FROM {name}"), key=repr)
+def label_id(project, name):
+    return one(initial_db_path, "SELECT id FROM labels WHERE project_id = ? AND name = ?", (project, name))
 
-    def unchanged(*names):
-        return all(table(initial_db_path, n) == table(final_db_path, n) for n in names)
-
-    def issues(path):
-        # every issue column except updated_at, keyed by id
-        return {r[0]: r for r in rows(path, f"SELECT {issue_cols} FROM issues")}
-
-    def links(path):
-        return set(rows(path, "SELECT issue_id, label_id FROM issue_labels"))
-
-    def project_id(name):
-        return one(initial_db_path, "SELECT id FROM projects WHERE name = ?", (name,))
-
-    def issue_id(project, title):
-        return one(initial_db_path, "SELECT id FROM issues WHERE project_id = ? AND title = ?", (project, title))
-
-    def label_id(project, name):
-        return one(initial_db_path, "SELECT id FROM labels WHERE project_id = ? AND name = ?", (project, name))
-
-    def user_id(full_name):
-        return one(initial_db_path, "SELECT id FROM users WHERE full_name = ?", (full_name,))
-
-    def answer():
-        return re.sub(r"\\s+", " ", str(final_answer or "")).strip().lower()
-
-    def norm(value):
-        return re.sub(r"\\s+", " ", str(value or "")).strip().lower().rstrip(".")
-
-    def check():
+def user_id(full_name):
+    return one(initial_db_path, "SELECT id FROM users WHERE full_name = ?", (full_name,))
 '''
 
-_EPILOGUE = '''
-    try:
-        return check()
-    except Exception:
-        return {"result": "others"}
-'''
-
-
-def _verifier(body: str) -> str:
-    """Wrap a check() body into one self-contained verify_task_completion source."""
-    prelude = _PRELUDE.replace("ALL_TABLES", repr(_ALL_TABLES))
-    return prelude + textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8) + "\n" + _EPILOGUE
+# A verifier: the kit's row helpers and this tracker's, then one task's check(), which returns the verdict.
+_verifier = partial(verifier, prelude(
+    _TRACKER_SETUP, ROWS, ONE, TABLE_SORTED, UNCHANGED_TABLES, _TRACKER_HELPERS, ANSWER, NORM,
+    imports=("json", "re", "sqlite3")), check_returns_verdict=True)
 
 
 def _call(tool: str, **arguments) -> dict:

@@ -1,5 +1,17 @@
 """travel_booking_1: a travel site (flights, seats, travelers, bookings, loyalty, hotels)."""
 
+from functools import partial
+
+from awm.scenarios.verifier_kit import (
+    DIFF_ROWS,
+    NUMBERS,
+    ONLY_CHANGED,
+    TABLE_BY_ID,
+    UNCHANGED_BY_DIFF,
+    prelude,
+    verifier,
+)
+
 NAME = "travel_booking_1"
 
 DESCRIPTION = (
@@ -230,234 +242,169 @@ SAMPLE = [
 ]
 
 # ---------------------------------------------------------------------------
-# verifiers: each one is a self-contained function (helpers inlined below)
+# verifiers: self-contained functions, verifier_kit's helpers inlined before each check()
 # ---------------------------------------------------------------------------
 
-_HEAD = r'''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
-    import re
-    import sqlite3
-
-    tables = ["users", "travelers", "flights", "seats", "loyalty_accounts", "bookings",
-              "booking_passengers", "hotel_reservations"]
-
-    def load(path, table):
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            cur = conn.execute(f"SELECT * FROM {table}")
-            cols = [d[0] for d in cur.description]
-            return {row[0]: dict(zip(cols, row)) for row in cur.fetchall()}
-        finally:
-            conn.close()
-
-    def diff(table):
-        before = load(initial_db_path, table)
-        after = load(final_db_path, table)
-        added = [after[k] for k in sorted(after) if k not in before]
-        removed = [before[k] for k in sorted(before) if k not in after]
-        changed = {}
-        for k in before:
-            if k in after:
-                old = {c: v for c, v in before[k].items() if c != "updated_at"}
-                new = {c: v for c, v in after[k].items() if c != "updated_at"}
-                if old != new:
-                    changed[k] = (before[k], after[k])
-        return added, removed, changed
-
-    def unchanged(*names):
-        return all(diff(t) == ([], [], {}) for t in names)
-
-    def numbers(text):
-        text = re.sub(r"(?<=\d),(?=\d{3})", "", text or "")
-        return [float(n) for n in re.findall(r"\d+(?:\.\d+)?", text)]
-
-    def only_changed(row_before, row_after, fields):
-        for c in row_before:
-            if c == "updated_at" or c in fields:
-                continue
-            if row_before[c] != row_after[c]:
-                return False
-        return True
-
-'''
-
-_TAIL = r'''
-    try:
-        ok = bool(check())
-    except Exception:
-        ok = False
-    return {"result": "complete" if ok else "others"}
-'''
-
-
-def _verifier(check_body: str) -> str:
-    """A verifier = shared head + a `check()` written for one task + shared tail."""
-    return _HEAD + check_body.strip("\n") + "\n" + _TAIL
+_verifier = partial(verifier, prelude(
+    '''tables = ["users", "travelers", "flights", "seats", "loyalty_accounts", "bookings",
+          "booking_passengers", "hotel_reservations"]''',
+    TABLE_BY_ID, DIFF_ROWS, UNCHANGED_BY_DIFF, NUMBERS, ONLY_CHANGED))
 
 
 V_MAYA_SEAT = _verifier(r'''
-    def check():
-        # info: Maya Chen sits in 14B on QX7K2P (Lena has 14A, Ethan 22A)
-        if not final_answer or not re.search(r"\b14\s*B\b", final_answer, re.IGNORECASE):
-            return False
-        return unchanged(*tables)
+# info: Maya Chen sits in 14B on QX7K2P (Lena has 14A, Ethan 22A)
+if not final_answer or not re.search(r"\b14\s*B\b", final_answer, re.IGNORECASE):
+    return False
+return unchanged(*tables)
 ''')
 
 V_TOP_LOYALTY = _verifier(r'''
-    def check():
-        # info: Stayway Rewards with 73,200 points (user 2's 120,000 are not the user's)
-        if not final_answer or "stayway" not in final_answer.lower():
-            return False
-        if not any(abs(n - 73200) < 0.5 for n in numbers(final_answer)):
-            return False
-        return unchanged(*tables)
+# info: Stayway Rewards with 73,200 points (user 2's 120,000 are not the user's)
+if not final_answer or "stayway" not in final_answer.lower():
+    return False
+if not any(abs(n - 73200) < 0.5 for n in numbers(final_answer)):
+    return False
+return unchanged(*tables)
 ''')
 
 V_FREE_WINDOWS = _verifier(r'''
-    def check():
-        # info: free economy window seats on NA 208 = 12A and 18F (14A and 20A are held by
-        # confirmed bookings, 18F was released by a cancelled booking) -> 2
-        if not final_answer:
-            return False
-        values = {int(n) for n in numbers(final_answer) if n == int(n)}
-        has_two = 2 in values or re.search(r"\btwo\b", final_answer, re.IGNORECASE) is not None
-        if not has_two:
-            return False
-        if {1, 3, 4, 6} & values:
-            return False
-        return unchanged(*tables)
+# info: free economy window seats on NA 208 = 12A and 18F (14A and 20A are held by
+# confirmed bookings, 18F was released by a cancelled booking) -> 2
+if not final_answer:
+    return False
+values = {int(n) for n in numbers(final_answer) if n == int(n)}
+has_two = 2 in values or re.search(r"\btwo\b", final_answer, re.IGNORECASE) is not None
+if not has_two:
+    return False
+if {1, 3, 4, 6} & values:
+    return False
+return unchanged(*tables)
 ''')
 
 V_BOOK_MAYA = _verifier(r'''
-    def check():
-        b_added, b_removed, b_changed = diff("bookings")
-        if b_removed or b_changed or len(b_added) != 1:
-            return False
-        bk = b_added[0]
-        if bk["user_id"] != 1 or bk["flight_id"] != 1 or bk["status"] != "confirmed":
-            return False
-        p_added, p_removed, p_changed = diff("booking_passengers")
-        if p_removed or p_changed or len(p_added) != 1:
-            return False
-        bp = p_added[0]
-        # seat 2 = 12A on flight 1 (NA 208); traveler 2 = Maya Chen
-        if bp["booking_id"] != bk["id"] or bp["traveler_id"] != 2 or bp["seat_id"] != 2:
-            return False
-        return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "hotel_reservations")
+b_added, b_removed, b_changed = diff("bookings")
+if b_removed or b_changed or len(b_added) != 1:
+    return False
+bk = b_added[0]
+if bk["user_id"] != 1 or bk["flight_id"] != 1 or bk["status"] != "confirmed":
+    return False
+p_added, p_removed, p_changed = diff("booking_passengers")
+if p_removed or p_changed or len(p_added) != 1:
+    return False
+bp = p_added[0]
+# seat 2 = 12A on flight 1 (NA 208); traveler 2 = Maya Chen
+if bp["booking_id"] != bk["id"] or bp["traveler_id"] != 2 or bp["seat_id"] != 2:
+    return False
+return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "hotel_reservations")
 ''')
 
 V_ADD_JONAS = _verifier(r'''
-    def check():
-        t_added, t_removed, t_changed = diff("travelers")
-        if t_removed or t_changed or len(t_added) != 1:
-            return False
-        tv = t_added[0]
-        if tv["user_id"] != 1 or tv["first_name"].strip().lower() != "jonas" or tv["last_name"].strip().lower() != "berg":
-            return False
-        if str(tv["date_of_birth"])[:10] != "1988-04-17" or (tv["passport_number"] or "").strip().upper() != "P7733190":
-            return False
-        b_added, b_removed, b_changed = diff("bookings")
-        if b_added or b_removed or set(b_changed) - {2}:
-            return False
-        for before, after in b_changed.values():
-            if not only_changed(before, after, {"total_price"}):
-                return False
-        p_added, p_removed, p_changed = diff("booking_passengers")
-        if p_removed or p_changed or len(p_added) != 1:
-            return False
-        bp = p_added[0]
-        # booking 2 = LM4R9T on AB 78; seat 21 = 22D on that flight
-        if bp["booking_id"] != 2 or bp["traveler_id"] != tv["id"] or bp["seat_id"] != 21:
-            return False
-        return unchanged("users", "flights", "seats", "loyalty_accounts", "hotel_reservations")
+t_added, t_removed, t_changed = diff("travelers")
+if t_removed or t_changed or len(t_added) != 1:
+    return False
+tv = t_added[0]
+if tv["user_id"] != 1 or tv["first_name"].strip().lower() != "jonas" or tv["last_name"].strip().lower() != "berg":
+    return False
+if str(tv["date_of_birth"])[:10] != "1988-04-17" or (tv["passport_number"] or "").strip().upper() != "P7733190":
+    return False
+b_added, b_removed, b_changed = diff("bookings")
+if b_added or b_removed or set(b_changed) - {2}:
+    return False
+for before, after in b_changed.values():
+    if not only_changed(before, after, {"total_price"}):
+        return False
+p_added, p_removed, p_changed = diff("booking_passengers")
+if p_removed or p_changed or len(p_added) != 1:
+    return False
+bp = p_added[0]
+# booking 2 = LM4R9T on AB 78; seat 21 = 22D on that flight
+if bp["booking_id"] != 2 or bp["traveler_id"] != tv["id"] or bp["seat_id"] != 21:
+    return False
+return unchanged("users", "flights", "seats", "loyalty_accounts", "hotel_reservations")
 ''')
 
 V_MOVE_ETHAN = _verifier(r'''
-    def check():
-        p_added, p_removed, p_changed = diff("booking_passengers")
-        if p_added or p_removed or set(p_changed) != {3}:
-            return False
-        before, after = p_changed[3]
-        # passenger row 3 = Ethan on QX7K2P; seat 17 = 14C on AB 77
-        if after["seat_id"] != 17 or not only_changed(before, after, {"seat_id"}):
-            return False
-        b_added, b_removed, b_changed = diff("bookings")
-        if b_added or b_removed or set(b_changed) - {1}:
-            return False
-        for b_before, b_after in b_changed.values():
-            if not only_changed(b_before, b_after, {"total_price"}):
-                return False
-        return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "hotel_reservations")
+p_added, p_removed, p_changed = diff("booking_passengers")
+if p_added or p_removed or set(p_changed) != {3}:
+    return False
+before, after = p_changed[3]
+# passenger row 3 = Ethan on QX7K2P; seat 17 = 14C on AB 77
+if after["seat_id"] != 17 or not only_changed(before, after, {"seat_id"}):
+    return False
+b_added, b_removed, b_changed = diff("bookings")
+if b_added or b_removed or set(b_changed) - {1}:
+    return False
+for b_before, b_after in b_changed.values():
+    if not only_changed(b_before, b_after, {"total_price"}):
+        return False
+return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "hotel_reservations")
 ''')
 
 V_EXTEND_ALPINE = _verifier(r'''
-    def check():
-        added, removed, changed = diff("hotel_reservations")
-        if added or removed or set(changed) != {4}:
-            return False
-        before, after = changed[4]
-        if after["nights"] != 5 or after["guests"] != 4 or after["status"] != "confirmed":
-            return False
-        if not only_changed(before, after, {"nights", "guests"}):
-            return False
-        return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "bookings",
-                         "booking_passengers")
+added, removed, changed = diff("hotel_reservations")
+if added or removed or set(changed) != {4}:
+    return False
+before, after = changed[4]
+if after["nights"] != 5 or after["guests"] != 4 or after["status"] != "confirmed":
+    return False
+if not only_changed(before, after, {"nights", "guests"}):
+    return False
+return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "bookings",
+                 "booking_passengers")
 ''')
 
 V_CREDIT_MILES = _verifier(r'''
-    def check():
-        # both Atlantic Blue bookings (QX7K2P = 1, LM4R9T = 2) credited to Atlantic Blue Voyager (2)
-        added, removed, changed = diff("bookings")
-        if added or removed or set(changed) != {1, 2}:
-            return False
-        for before, after in changed.values():
-            if after["loyalty_account_id"] != 2 or not only_changed(before, after, {"loyalty_account_id"}):
-                return False
-        return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "booking_passengers",
-                         "hotel_reservations")
+# both Atlantic Blue bookings (QX7K2P = 1, LM4R9T = 2) credited to Atlantic Blue Voyager (2)
+added, removed, changed = diff("bookings")
+if added or removed or set(changed) != {1, 2}:
+    return False
+for before, after in changed.values():
+    if after["loyalty_account_id"] != 2 or not only_changed(before, after, {"loyalty_account_id"}):
+        return False
+return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "booking_passengers",
+                 "hotel_reservations")
 ''')
 
 V_REBOOK_ETHAN = _verifier(r'''
-    def check():
-        # ZP3W8N (booking 3, NA 311) must be cancelled and exactly one new confirmed booking made on
-        # NA 315 (flight 3) for Ethan (traveler 3) in 9F of that flight (seat 13, not seat 11 of NA 311)
-        b_added, b_removed, b_changed = diff("bookings")
-        if b_removed or set(b_changed) != {3} or len(b_added) != 1:
-            return False
-        before, after = b_changed[3]
-        if after["status"] != "cancelled" or not only_changed(before, after, {"status"}):
-            return False
-        bk = b_added[0]
-        if bk["user_id"] != 1 or bk["flight_id"] != 3 or bk["status"] != "confirmed":
-            return False
-        p_added, p_removed, p_changed = diff("booking_passengers")
-        if p_removed or p_changed or len(p_added) != 1:
-            return False
-        bp = p_added[0]
-        if bp["booking_id"] != bk["id"] or bp["traveler_id"] != 3 or bp["seat_id"] != 13:
-            return False
-        return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "hotel_reservations")
+# ZP3W8N (booking 3, NA 311) must be cancelled and exactly one new confirmed booking made on
+# NA 315 (flight 3) for Ethan (traveler 3) in 9F of that flight (seat 13, not seat 11 of NA 311)
+b_added, b_removed, b_changed = diff("bookings")
+if b_removed or set(b_changed) != {3} or len(b_added) != 1:
+    return False
+before, after = b_changed[3]
+if after["status"] != "cancelled" or not only_changed(before, after, {"status"}):
+    return False
+bk = b_added[0]
+if bk["user_id"] != 1 or bk["flight_id"] != 3 or bk["status"] != "confirmed":
+    return False
+p_added, p_removed, p_changed = diff("booking_passengers")
+if p_removed or p_changed or len(p_added) != 1:
+    return False
+bp = p_added[0]
+if bp["booking_id"] != bk["id"] or bp["traveler_id"] != 3 or bp["seat_id"] != 13:
+    return False
+return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "hotel_reservations")
 ''')
 
 V_DUPLICATE_HOTEL = _verifier(r'''
-    def check():
-        # the Canal House stay was entered twice: the newer one (3) goes, the original (2) stays confirmed
-        added, removed, changed = diff("hotel_reservations")
-        if added:
-            return False
-        removed_ids = {r["id"] for r in removed}
-        if removed_ids - {3} or set(changed) - {3}:
-            return False
-        if 3 in changed:
-            before, after = changed[3]
-            if after["status"] != "cancelled" or not only_changed(before, after, {"status"}):
-                return False
-        elif 3 not in removed_ids:
-            return False
-        final = load(final_db_path, "hotel_reservations")
-        if final.get(2, {}).get("status") != "confirmed":
-            return False
-        return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "bookings",
-                         "booking_passengers")
+# the Canal House stay was entered twice: the newer one (3) goes, the original (2) stays confirmed
+added, removed, changed = diff("hotel_reservations")
+if added:
+    return False
+removed_ids = {r["id"] for r in removed}
+if removed_ids - {3} or set(changed) - {3}:
+    return False
+if 3 in changed:
+    before, after = changed[3]
+    if after["status"] != "cancelled" or not only_changed(before, after, {"status"}):
+        return False
+elif 3 not in removed_ids:
+    return False
+final = table(final_db_path, "hotel_reservations")
+if final.get(2, {}).get("status") != "confirmed":
+    return False
+return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "bookings",
+                 "booking_passengers")
 ''')
 
 
