@@ -29,6 +29,11 @@ def _dataset(args: argparse.Namespace):
     return AWMDataset(_data_dir(args) or bundled_data_dir())
 
 
+def _message(exc: BaseException) -> str:
+    """An exception as a sentence (KeyError's str() adds quotes)."""
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+
+
 def _print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")
@@ -65,7 +70,7 @@ def cmd_env_check(args: argparse.Namespace) -> int:
             try:
                 tools = await runtime.tools(args.scenario)
             except (InfraError, KeyError) as exc:
-                print(f"awm env check: {exc}", file=sys.stderr)
+                print(f"awm env check: {_message(exc)}", file=sys.stderr)
                 return 1
         _print_json(tools)
         return 0
@@ -301,8 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (FileNotFoundError, KeyError, ValueError) as exc:
-        print(f"awm {args.command}: {exc}", file=sys.stderr)
+        print(f"awm {args.command}: {_message(exc)}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `awm ... | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
