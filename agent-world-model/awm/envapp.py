@@ -134,8 +134,13 @@ class LoadedEnv:
     engines: list[sqlalchemy.engine.Engine]
 
 
-def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str) -> LoadedEnv:
-    """Import generated code as a fresh module; its import-time DB work hits `scratch_db`."""
+def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str,
+             known_tools: list[dict[str, Any]] | None = None) -> LoadedEnv:
+    """Import generated code as a fresh module; its import-time DB work hits `scratch_db`.
+
+    `known_tools` (the same code's tool specs, derived by another worker) skips building the
+    OpenAPI document, about half of a load.
+    """
     if not code or not code.strip():
         raise EnvCodeError(f"scenario {scenario!r} has no environment code (gen_envs full_code is empty)")
     t0 = time.perf_counter()
@@ -169,7 +174,7 @@ def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str) -
         sys.modules.pop(name, None)
         raise EnvCodeError(f"scenario {scenario!r}: environment code defines no FastAPI `app`")
     try:
-        specs = tools_from_openapi(app.openapi())
+        specs = [ToolSpec.from_dict(t) for t in known_tools] if known_tools else tools_from_openapi(app.openapi())
     except Exception as exc:
         sys.modules.pop(name, None)
         raise EnvCodeError(f"scenario {scenario!r}: cannot build the OpenAPI document: {exc}") from None

@@ -135,7 +135,8 @@ class EnvRuntime:
         sc = self.dataset.scenario(scenario)
         if not sc.full_code:
             raise EnvLoadError(f"scenario {scenario!r} has no environment code (no gen_envs row)")
-        fut = self.pool.ensure_loaded(slot, scenario, sc.full_code, str(path), self.load_timeout_s)
+        known = [t.to_dict() for t in self._tools[scenario]] if scenario in self._tools else None
+        fut = self.pool.ensure_loaded(slot, scenario, sc.full_code, str(path), self.load_timeout_s, known)
         try:
             info = await asyncio.shield(fut)
         except WorkerRequestError as exc:

@@ -248,14 +248,15 @@ class WorkerPool:
         return min(self.slots, key=lambda s: (len(s.episodes) + (0 if scenario in s.loaded else LOAD_PENALTY),
                                               s.index))
 
-    def ensure_loaded(self, slot: WorkerSlot, scenario: str, code: str, template: str,
-                      timeout_s: float) -> asyncio.Future:
+    def ensure_loaded(self, slot: WorkerSlot, scenario: str, code: str, template: str, timeout_s: float,
+                      tools: list[dict[str, Any]] | None = None) -> asyncio.Future:
         """The load future of `scenario` in `slot` (shared by concurrent callers)."""
         fut = slot.loaded.get(scenario)
         if fut is not None and not (fut.done() and fut.exception() is not None):
             slot.loaded.move_to_end(scenario)
             return fut
-        fut = self.submit(slot, "load", {"scenario": scenario, "code": code, "template": template}, timeout_s)
+        fut = self.submit(slot, "load", {"scenario": scenario, "code": code, "template": template, "tools": tools},
+                          timeout_s)
         slot.loaded[scenario] = fut
         self._evict_idle(slot)
         return fut

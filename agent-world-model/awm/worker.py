@@ -49,7 +49,7 @@ class Worker:
             scratch = os.path.join(self.scratch, f"{scenario}.db")
             shutil.copyfile(p["template"], scratch)
             try:
-                self.envs[scenario] = load_env(scenario, p["code"], self.router, scratch)
+                self.envs[scenario] = load_env(scenario, p["code"], self.router, scratch, p.get("tools"))
             finally:
                 os.unlink(scratch)
         env = self.envs[scenario]
