@@ -228,6 +228,52 @@ def state_hash(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+def _tables(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' "
+                                       "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+
+
+def _keyed_rows(conn: sqlite3.Connection, table: str) -> tuple[list[str], dict[tuple, tuple]]:
+    """Column names and rows keyed by primary key (rowid when the table has none)."""
+    info = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
+    cols = [c[1] for c in info]
+    pk = [c[1] for c in sorted(info, key=lambda c: c[5]) if c[5] > 0]
+    key_sql = ", ".join(f'"{c}"' for c in pk) if pk else "rowid"
+    rows = conn.execute(f'SELECT {key_sql}, * FROM "{table}"').fetchall()
+    width = len(pk) or 1
+    return cols, {tuple(r[:width]): tuple(r[width:]) for r in rows}
+
+
+def diff_databases(before: str | os.PathLike[str], after: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """What changed between two DBs, per table: rows added/removed/changed and which columns.
+
+    Tables without changes are left out; a table that exists on one side only is reported with
+    `"table": "added"` or `"removed"`. Used for traces (what did this turn do to the state?).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    a = sqlite3.connect(f"file:{Path(before).resolve()}?mode=ro", uri=True)
+    b = sqlite3.connect(f"file:{Path(after).resolve()}?mode=ro", uri=True)
+    try:
+        ta, tb = set(_tables(a)), set(_tables(b))
+        for name in sorted(ta | tb):
+            if name not in ta or name not in tb:
+                out[name] = {"table": "added" if name in tb else "removed"}
+                continue
+            cols, ra = _keyed_rows(a, name)
+            _, rb = _keyed_rows(b, name)
+            changed = [k for k in ra.keys() & rb.keys() if ra[k] != rb[k]]
+            columns = sorted({cols[i] for k in changed for i, (x, y) in enumerate(zip(ra[k], rb[k], strict=False))
+                              if x != y})
+            entry = {"added": len(rb.keys() - ra.keys()), "removed": len(ra.keys() - rb.keys()),
+                     "changed": len(changed), "changed_columns": columns}
+            if entry["added"] or entry["removed"] or entry["changed"]:
+                out[name] = entry
+    finally:
+        a.close()
+        b.close()
+    return out
+
+
 def _ncols(conn: sqlite3.Connection, table: str) -> int:
     return len(conn.execute(f'PRAGMA table_info("{table}")').fetchall())
 

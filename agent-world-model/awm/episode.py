@@ -36,6 +36,7 @@ from awm.database import (
     BuildReport,
     TemplateStore,
     apply_inserts,
+    diff_databases,
     file_sha256,
     install_fixed_clock,
     state_hash,
@@ -332,6 +333,10 @@ class Episode:
     def state_hash(self) -> str:
         """Logical hash of the current DB content (for traces and replay checks)."""
         return state_hash(self.db_path)
+
+    def changes(self, since: Snapshot | None = None) -> dict[str, dict[str, Any]]:
+        """Per-table summary of what changed since the initial DB (or since a snapshot)."""
+        return diff_databases(since.path if since else self.initial_db, self.db_path)
 
     async def verify(self, final_answer: str | None = None, *, mode: str = "code",
                      trajectory: list[dict[str, Any]] | None = None, judge: SqlJudge | None = None,

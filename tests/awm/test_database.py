@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from awm.data import AWMDataset
-from awm.database import TemplateStore, backup, build_db, file_sha256, state_hash
+from awm.database import TemplateStore, backup, build_db, diff_databases, file_sha256, state_hash
 
 
 def test_e_commerce_33_builds_with_every_insert(excerpt_dir, cache_dir, tmp_path):
@@ -142,3 +142,25 @@ def test_state_hash_is_logical(tmp_path):
     conn.commit()
     conn.close()
     assert state_hash(tmp_path / "c.db") != state_hash(tmp_path / "a.db")
+
+
+def test_diff_databases_counts_rows_and_columns(tmp_path):
+    schema = {"tables": [
+        {"name": "t", "ddl": "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT, w INTEGER);", "indexes": []},
+        {"name": "pairs", "ddl": "CREATE TABLE pairs (a INTEGER, b INTEGER, note TEXT, PRIMARY KEY (a, b));",
+         "indexes": []},
+        {"name": "loose", "ddl": "CREATE TABLE loose (x TEXT);", "indexes": []}]}
+    ins = ["INSERT INTO t (id, v, w) VALUES (1, 'a', 1);", "INSERT INTO t (id, v, w) VALUES (2, 'b', 2);",
+           "INSERT INTO pairs (a, b, note) VALUES (1, 2, 'x');", "INSERT INTO loose (x) VALUES ('k');"]
+    build_db(tmp_path / "a.db", schema, {"tables": [{"table_name": "t", "reasoning": "", "insert_statements": ins}]})
+    backup(tmp_path / "a.db", tmp_path / "b.db")
+    assert diff_databases(tmp_path / "a.db", tmp_path / "b.db") == {}
+    conn = sqlite3.connect(tmp_path / "b.db")
+    conn.executescript("UPDATE t SET w = 5 WHERE id = 1; DELETE FROM t WHERE id = 2; INSERT INTO t (id, v) VALUES (3, 'c');"
+                       "UPDATE pairs SET note = 'y'; CREATE TABLE extra (z);")
+    conn.close()
+    assert diff_databases(tmp_path / "a.db", tmp_path / "b.db") == {
+        "extra": {"table": "added"},
+        "pairs": {"added": 0, "removed": 0, "changed": 1, "changed_columns": ["note"]},
+        "t": {"added": 1, "removed": 1, "changed": 1, "changed_columns": ["w"]},
+    }

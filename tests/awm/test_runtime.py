@@ -109,8 +109,10 @@ def test_snapshot_restore_and_reset(fault_data_dir, cache_dir):
             ep = await rt.open("faults")
             await ep.call("add_note", {"text": "one"})
             h1 = ep.state_hash()
+            assert ep.changes() == {"notes": {"added": 1, "removed": 0, "changed": 0, "changed_columns": []}}
             snap = await ep.snapshot()
             await ep.call("run_sql", {"sql": "DELETE FROM notes"})
+            assert ep.changes(since=snap)["notes"]["removed"] == 3
             assert notes(ep.db_path) == []
             await ep.restore(snap)
             assert ep.state_hash() == h1 and ep.steps == snap.step
