@@ -268,10 +268,13 @@ def test_infrastructure_failure_is_a_tool_error_and_closes_the_episode(server: S
     assert not recovered_is_error
 
 
-def test_module_entry_point_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [
+    ["awm.mcp_server", "--scenario", "library_lending_1", "--port", "0", "--num-workers", "1"],
+    ["awm.cli", "env", "start", "--scenario", "library_lending_1", "--port", "0", "--workers", "1"],  # `awm env start`
+], ids=["module", "awm-env-start"])
+def test_entry_points_serve_and_stop_on_sigterm(tmp_path: Path, command: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "agent-world-model")}
-    proc = subprocess.Popen([sys.executable, "-m", "awm.mcp_server", "--scenario", "library_lending_1",
-                             "--port", "0", "--num-workers", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", *command],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline().strip()
