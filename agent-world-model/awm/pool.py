@@ -103,6 +103,11 @@ class _WorkerProtocol(asyncio.Protocol):
                             f"worker {slot.index} (pid {slot.proc.pid if slot.proc else '?'}) exited")
 
 
+def _fire_and_forget(fut: asyncio.Future) -> None:
+    """Mark a future's exception as seen, so asyncio does not warn about it at garbage collection."""
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
 class WorkerPool:
     """Processes, request routing, deadlines, crash recovery and episode placement."""
 
@@ -257,6 +262,7 @@ class WorkerPool:
             return fut
         fut = self.submit(slot, "load", {"scenario": scenario, "code": code, "template": template, "tools": tools},
                           timeout_s)
+        _fire_and_forget(fut)  # awaited by whoever opens an episode; a failure nobody awaits is not news
         slot.loaded[scenario] = fut
         self._evict_idle(slot)
         return fut
@@ -268,12 +274,12 @@ class WorkerPool:
                 break
             if name not in busy and slot.loaded[name].done():
                 del slot.loaded[name]
-                self.submit(slot, "unload", {"scenario": name}, 30.0)
+                _fire_and_forget(self.submit(slot, "unload", {"scenario": name}, 30.0))
 
     # ---- lifecycle -------------------------------------------------------------------
     def crash_worker(self, index: int) -> None:
         """Test hook: make a worker die abruptly."""
-        self.submit(self.slots[index], "crash", {}, 5.0)
+        _fire_and_forget(self.submit(self.slots[index], "crash", {}, 5.0))
 
     def close(self) -> None:
         """Kill every worker; pending requests fail with WorkerCrashed."""
