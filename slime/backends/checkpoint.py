@@ -1,0 +1,235 @@
+"""Trainer checkpoints on disk, written atomically: a killed save never leaves a half checkpoint.
+
+Layout (the shape of slime's Megatron checkpoints, with HF safetensors inside):
+
+    <save_dir>/
+      latest_checkpointed_iteration.txt   # the last complete iteration, e.g. "20"
+      iter_0000020/
+        model/                            # save_pretrained: config.json + *.safetensors
+        optimizer.pt                      # optimizer and LR-scheduler state dicts
+        rng.pt                            # torch CPU (and CUDA) generator states
+        trainer_state.json                # step, iteration, python/numpy RNG, caller's data position
+
+An iteration is written into `iter_XXXXXXX.tmp-<pid>`, fsynced, renamed into place, and only then
+named in `latest_checkpointed_iteration.txt` (itself replaced atomically), so a crash at any moment
+leaves the previous checkpoint and the pointer to it untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+STATE_FILE = "trainer_state.json"
+FORMAT_VERSION = 1
+
+
+def iteration_dir(save_dir: str | os.PathLike, iteration: int) -> Path:
+    return Path(save_dir) / f"iter_{iteration:07d}"
+
+
+def save_checkpoint(
+    save_dir: str | os.PathLike,
+    iteration: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    state: dict[str, Any],
+) -> Path:
+    """Write iteration `iteration` under `save_dir` atomically and point the latest file at it.
+
+    `state` must be JSON-serialisable (step counters, the data source's position).
+    """
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(save_dir)
+    final = iteration_dir(save_dir, iteration)
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    tmp.mkdir()
+    model.save_pretrained(tmp / "model")
+    torch.save(
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt"
+    )
+    torch.save(_torch_rng_state(), tmp / "rng.pt")
+    payload = {"format": FORMAT_VERSION, "iteration": iteration, **_host_rng_state(), "state": state}
+    (tmp / STATE_FILE).write_text(json.dumps(payload, indent=1))
+    _fsync_tree(tmp)
+    _commit(tmp, final)
+    _write_atomically(save_dir / LATEST_FILE, f"{iteration}\n")
+    return final
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """The iteration directory to load: `path` itself if it is one, else the latest under `path`."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path
+    latest = path / LATEST_FILE
+    if not latest.is_file():
+        raise FileNotFoundError(
+            f"{path} is neither a checkpoint iteration (no {STATE_FILE}) nor a save directory "
+            f"(no {LATEST_FILE}): point at the directory given to save_checkpoint"
+        )
+    found = iteration_dir(path, int(latest.read_text().strip()))
+    if not found.exists():
+        # Killed while re-saving this iteration: the complete old copy was moved aside.
+        found = next(iter(sorted(path.glob(f"{found.name}.old-*"))), found)
+    if not (found / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{latest} names {found.name}, which is missing or incomplete")
+    return found
+
+
+def load_checkpoint(
+    path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> dict[str, Any]:
+    """Restore weights, optimizer, scheduler and RNG states in place; returns the trainer_state payload."""
+    found = resolve_checkpoint(path)
+    payload = json.loads((found / STATE_FILE).read_text())
+    if payload.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{found} has checkpoint format {payload.get('format')}, expected {FORMAT_VERSION}")
+    load_hf_weights(model, found / "model")
+    opt = torch.load(found / "optimizer.pt", weights_only=True)
+    optimizer.load_state_dict(opt["optimizer"])
+    scheduler.load_state_dict(opt["scheduler"])
+    _set_torch_rng_state(torch.load(found / "rng.pt", weights_only=True))
+    _set_host_rng_state(payload)
+    payload["path"] = str(found)
+    return payload
+
+
+def load_hf_weights(model: torch.nn.Module, model_dir: str | os.PathLike) -> None:
+    """Copy the safetensors weights of a save_pretrained folder into `model` (same architecture).
+
+    Keys missing from the files are accepted only when tied to a loaded tensor (e.g. lm_head.weight
+    tied to the embeddings, which save_pretrained writes once).
+    """
+    model_dir = Path(model_dir)
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}: was it written by save_pretrained?")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(file))
+    result = model.load_state_dict(weights, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"{model_dir} holds weights the model lacks: {result.unexpected_keys[:5]}")
+    params = model.state_dict()
+    loaded = {params[k].data_ptr() for k in weights}
+    untied = [k for k in result.missing_keys if params[k].data_ptr() not in loaded]
+    if untied:
+        raise ValueError(f"{model_dir} lacks weights for {untied[:5]}: it was saved from another model")
+
+
+def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Any = None) -> Path:
+    """save_pretrained (and the tokenizer, when given) into `out_dir`, atomically; replaces an old export."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    _fsync_tree(tmp)
+    _commit(tmp, out_dir)
+    return out_dir
+
+
+def _commit(tmp: Path, final: Path) -> None:
+    """Publish a finished directory under its final name (rename is atomic within a filesystem)."""
+    old = None
+    if final.exists():
+        # Re-saving the same name: move the old one aside first, since rename cannot replace a
+        # non-empty directory; it is deleted only once the new one is in place.
+        old = final.with_name(f"{final.name}.old-{os.getpid()}")
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def _remove_leftovers(save_dir: Path) -> None:
+    """Clean up after killed saves (one writer per save_dir is assumed).
+
+    A `.tmp-*` directory never got its rename: delete it. An `.old-*` directory was moved aside to
+    re-save its iteration: put it back if the new one never arrived, else delete it.
+    """
+    for leftover in save_dir.glob("iter_*.tmp-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for moved in save_dir.glob("iter_*.old-*"):
+        final = save_dir / moved.name.split(".old-")[0]
+        if final.exists():
+            shutil.rmtree(moved, ignore_errors=True)
+        else:
+            os.rename(moved, final)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _torch_rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_torch_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _host_rng_state() -> dict[str, Any]:
+    """Python's and numpy's global RNG states as JSON (data shuffles and plugins may draw from them)."""
+    version, internal, gauss = random.getstate()
+    out: dict[str, Any] = {"python_rng": [version, list(internal), gauss]}
+    try:
+        import numpy as np
+    except ImportError:
+        return out
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    out["numpy_rng"] = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+    return out
+
+
+def _set_host_rng_state(payload: dict[str, Any]) -> None:
+    version, internal, gauss = payload["python_rng"]
+    random.setstate((version, tuple(internal), gauss))
+    if "numpy_rng" in payload:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = payload["numpy_rng"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
