@@ -1,0 +1,516 @@
+"""Continuous batching of generation requests over a Hugging Face causal LM on CPU.
+
+One background thread owns the model. Requests wait in a queue; at every decode step the thread
+admits waiting requests (prefilling only the new prompts and splicing their KV cache into the
+running batch, left-padded), samples one token for every running request, retires finished ones and
+runs one forward pass for the rest. Aborts, weight reloads and pauses take effect between steps.
+
+Log-probs: the log-prob of a sampled token is `log_softmax(logits / temperature)` over the full
+vocabulary, taken before top-k / top-p / min-p truncation (SGLang's default). Greedy requests
+(temperature 0) count as temperature 1 there, as SGLang does. `min_new_tokens` and
+`repetition_penalty` change the logits before that, so with them on the trainer cannot reproduce the
+log-probs; RL rollouts leave them off.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+logger = logging.getLogger(__name__)
+
+# Accepted for compatibility but without effect here (SGLang knobs a rollout may send at defaults).
+_IGNORED_PARAMS = {"custom_params", "spaces_between_special_tokens", "stream_interval", "n"}
+
+
+class BadRequestError(ValueError):
+    """A generate request the engine cannot serve; the HTTP layer answers 400 with this message."""
+
+
+@dataclass
+class SamplingParams:
+    """SGLang's sampling parameters that this engine honours, with SGLang's defaults."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None) -> SamplingParams:
+        values = dict(values or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known - _IGNORED_PARAMS)
+        if unknown:
+            raise BadRequestError(
+                f"sampling_params {unknown} are not supported by the CPU engine; supported: {sorted(known)}"
+            )
+        kwargs = {k: v for k, v in values.items() if k in known and v is not None}
+        if isinstance(kwargs.get("stop"), str):
+            kwargs["stop"] = [kwargs["stop"]]
+        if isinstance(kwargs.get("stop_token_ids"), int):
+            kwargs["stop_token_ids"] = [kwargs["stop_token_ids"]]
+        params = cls(**kwargs)
+        if params.max_new_tokens < 0 or params.temperature < 0 or not 0 < params.top_p <= 1:
+            raise BadRequestError(
+                f"invalid sampling_params: max_new_tokens={params.max_new_tokens} must be >= 0, "
+                f"temperature={params.temperature} >= 0, top_p={params.top_p} in (0, 1]"
+            )
+        return params
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-6 or self.top_k == 1
+
+
+@dataclass
+class Completion:
+    """What a finished request hands back: generated ids, their log-probs and why it stopped."""
+
+    rid: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: dict[str, Any]
+    weight_version: str
+    latency_s: float
+
+
+@dataclass
+class _Request:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    future: concurrent.futures.Future
+    created: float = field(default_factory=time.perf_counter)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_ids: frozenset[int] = frozenset()
+
+
+class Batcher:
+    """Owns the model and its batching thread; thread-safe `submit`, `abort`, `update_weights`."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tokenizer: Any = None,
+        seed: int = 0,
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.005,
+    ):
+        self.model_path = model_path
+        self.model = self._load(model_path)
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.weight_version = "0"
+        self._version_counter = 0
+        self._eos_ids = self._eos_token_ids()
+        self._counter = itertools.count()
+        self._cond = threading.Condition()
+        self._pending: deque[_Request] = deque()
+        self._abort_rids: set[str] = set()
+        self._abort_all = False
+        self._commands: deque[tuple[str, dict, concurrent.futures.Future]] = deque()
+        self._paused = False
+        self._stopping = False
+        self.stats = {"decode_steps": 0, "max_running_reqs": 0, "generated_tokens": 0}
+        # Running batch: requests, KV cache, attention mask (B, T), next position (B,), logits (B, V).
+        self._active: list[_Request] = []
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None
+        self._positions: torch.Tensor | None = None
+        self._logits: torch.Tensor | None = None
+        self._thread = threading.Thread(target=self._loop, name="cpu-engine-batcher", daemon=True)
+        self._thread.start()
+
+    # ----- public, called from any thread -------------------------------------------------------
+
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None
+    ) -> concurrent.futures.Future:
+        """Queue one request; the future resolves to a `Completion` (also when aborted)."""
+        if not prompt_ids:
+            raise BadRequestError("input_ids is empty: send at least one prompt token")
+        vocab = self.model.config.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise BadRequestError(f"input_ids must lie in [0, {vocab}) for this model")
+        seed = params.sampling_seed
+        if seed is None:  # server seed + arrival number: reproducible for the same request order
+            seed = self.seed * 1_000_003 + next(self._counter)
+        request = _Request(
+            rid=rid or uuid.uuid4().hex,
+            prompt_ids=list(prompt_ids),
+            params=params,
+            generator=torch.Generator().manual_seed(int(seed)),
+            future=concurrent.futures.Future(),
+            stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos_ids),
+        )
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the engine is shut down")
+            self._pending.append(request)
+            self._cond.notify_all()
+        return request.future
+
+    def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        """Finish the matching requests at the next step with finish_reason abort and tokens so far."""
+        with self._cond:
+            if abort_all:
+                self._abort_all = True
+            elif rid is not None:
+                self._abort_rids.add(rid)
+            self._cond.notify_all()
+
+    def update_weights(
+        self, model_path: str, weight_version: str | None = None, abort_all: bool = False
+    ) -> concurrent.futures.Future:
+        """Reload weights from a HF folder once the running batch drains (or is aborted)."""
+        return self._command("update_weights", model_path=model_path, weight_version=weight_version,
+                             abort_all=abort_all)
+
+    def set_paused(self, paused: bool) -> None:
+        """Pause in place: running requests keep their state and resume on unpause."""
+        with self._cond:
+            self._paused = paused
+            self._cond.notify_all()
+
+    def is_idle(self) -> bool:
+        with self._cond:
+            return not self._pending and not self._active
+
+    def load(self) -> dict[str, int]:
+        with self._cond:
+            return {"num_running_reqs": len(self._active), "num_waiting_reqs": len(self._pending),
+                    **self.stats}
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Abort everything, stop the thread and wait for it."""
+        with self._cond:
+            self._stopping = True
+            self._abort_all = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+
+    # ----- the batching thread -------------------------------------------------------------------
+
+    def _command(self, name: str, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            self._commands.append((name, kwargs, future))
+            if kwargs.get("abort_all"):
+                self._abort_all = True
+            self._cond.notify_all()
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._commands and not self._abort_pending() and (
+                    self._paused or (not self._pending and not self._active)
+                ):
+                    self._cond.wait()
+                if self._stopping and not self._active and not self._pending:
+                    break
+            try:
+                self._apply_aborts()
+                # A weight update waits for the batch to drain, unless generation is paused: then it
+                # applies at once and paused requests resume on the new weights with their old KV
+                # cache (SGLang's in-place pause behaves the same).
+                if self._commands and (not self._active or self._paused):
+                    self._run_command()
+                    continue
+                if self._paused and not self._stopping:
+                    continue
+                if not self._commands:  # a queued weight update lets the batch drain first
+                    self._admit()
+                if self._active:
+                    self._step()
+            except Exception as exc:  # fail the batch, keep serving
+                logger.exception("generation step failed; failing %d running requests", len(self._active))
+                for request in self._active:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                self._reset_batch()
+        with self._cond:
+            for _, _, future in self._commands:
+                future.set_exception(RuntimeError("the engine is shut down"))
+            self._commands.clear()
+
+    def _abort_pending(self) -> bool:
+        return self._abort_all or bool(self._abort_rids)
+
+    def _apply_aborts(self) -> None:
+        with self._cond:
+            abort_all, rids = self._abort_all, self._abort_rids
+            self._abort_all, self._abort_rids = False, set()
+            if not abort_all and not rids:
+                return
+            keep = deque()
+            for request in self._pending:
+                if abort_all or request.rid in rids:
+                    self._finish(request, {"type": "abort", "message": "Abort in waiting queue"})
+                else:
+                    keep.append(request)
+            self._pending = keep
+        kept = []
+        for i, request in enumerate(self._active):
+            if abort_all or request.rid in rids:
+                self._finish(request, {"type": "abort", "message": "Abort request"})
+            else:
+                kept.append(i)
+        self._select_rows(kept)
+
+    def _run_command(self) -> None:
+        with self._cond:
+            name, kwargs, future = self._commands.popleft()
+        try:
+            if name != "update_weights":
+                raise ValueError(f"unknown engine command {name!r}")
+            model = self._load(kwargs["model_path"])
+            if model.config.vocab_size != self.model.config.vocab_size:
+                raise ValueError(
+                    f"{kwargs['model_path']} has vocab {model.config.vocab_size}, the served model "
+                    f"{self.model.config.vocab_size}: update_weights_from_disk needs the same architecture"
+                )
+            self.model = model
+            self.model_path = kwargs["model_path"]
+            self._version_counter += 1
+            self.weight_version = kwargs["weight_version"] or str(self._version_counter)
+            future.set_result(self.weight_version)
+        except Exception as exc:
+            future.set_exception(exc)
+
+    def _admit(self) -> None:
+        with self._cond:
+            if not self._pending or len(self._active) >= self.max_batch_size:
+                return
+        if not self._active and self.batch_wait_s > 0:
+            time.sleep(self.batch_wait_s)  # let concurrent requests arrive and share the prefill
+        with self._cond:
+            room = self.max_batch_size - len(self._active)
+            new = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
+        ready = []
+        for request in new:
+            if request.params.max_new_tokens == 0:
+                self._finish(request, {"type": "length", "length": 0})
+            else:
+                ready.append(request)
+        if ready:
+            self._prefill(ready)
+
+    @torch.inference_mode()
+    def _prefill(self, requests: list[_Request]) -> None:
+        width = max(len(r.prompt_ids) for r in requests)
+        pad = self.model.config.pad_token_id or 0
+        ids = torch.full((len(requests), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, request in enumerate(requests):
+            n = len(request.prompt_ids)
+            ids[row, width - n:] = torch.tensor(request.prompt_ids)
+            mask[row, width - n:] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :].float()
+        next_pos = mask.sum(-1)
+        if not self._active:
+            self._active, self._cache, self._mask = requests, out.past_key_values, mask
+            self._positions, self._logits = next_pos, logits
+            return
+        self._cache, self._mask = _merge_caches(
+            self._cache, self._mask, out.past_key_values, mask, self.model.config
+        )
+        self._active = self._active + requests
+        self._positions = torch.cat([self._positions, next_pos])
+        self._logits = torch.cat([self._logits, logits])
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        tokens, logprobs = self._sample()
+        self.stats["decode_steps"] += 1
+        self.stats["generated_tokens"] += len(self._active)
+        self.stats["max_running_reqs"] = max(self.stats["max_running_reqs"], len(self._active))
+        kept = []
+        for row, request in enumerate(self._active):
+            token = int(tokens[row])
+            request.output_ids.append(token)
+            request.logprobs.append(float(logprobs[row]))
+            reason = self._finish_reason(request, token)
+            if reason is None:
+                kept.append(row)
+            else:
+                self._finish(request, reason)
+        self._select_rows(kept)
+        if not self._active:
+            return
+        next_tokens = tokens[kept].view(-1, 1)
+        self._mask = torch.cat([self._mask, torch.ones((len(kept), 1), dtype=torch.long)], dim=1)
+        out = self.model(input_ids=next_tokens, attention_mask=self._mask,
+                         position_ids=self._positions.view(-1, 1), past_key_values=self._cache,
+                         use_cache=True)
+        self._cache = out.past_key_values
+        self._positions = self._positions + 1
+        self._logits = out.logits[:, -1, :].float()
+
+    def _sample(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per running request and its log-prob under log_softmax(logits / temperature)."""
+        logits = self._logits.clone()
+        for row, request in enumerate(self._active):
+            p = request.params
+            if p.repetition_penalty != 1.0 and request.output_ids:
+                seen = torch.tensor(sorted(set(request.output_ids)))
+                values = logits[row, seen]
+                logits[row, seen] = torch.where(values > 0, values / p.repetition_penalty,
+                                                values * p.repetition_penalty)
+            if len(request.output_ids) < p.min_new_tokens and request.stop_ids:
+                logits[row, torch.tensor(sorted(request.stop_ids))] = float("-inf")
+        temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in self._active])
+        logprobs = torch.log_softmax(logits / temps.view(-1, 1), dim=-1)
+        tokens = torch.empty(len(self._active), dtype=torch.long)
+        for row, request in enumerate(self._active):
+            tokens[row] = _sample_row(logprobs[row], request.params, request.generator)
+        return tokens, logprobs.gather(1, tokens.view(-1, 1)).squeeze(1)
+
+    def _finish_reason(self, request: _Request, token: int) -> dict[str, Any] | None:
+        p = request.params
+        if token in request.stop_ids:
+            return {"type": "stop", "matched": token}
+        if p.stop and self.tokenizer is not None:
+            tail = self.tokenizer.decode(request.output_ids[-32:], skip_special_tokens=p.skip_special_tokens)
+            for stop in p.stop:
+                if stop in tail:
+                    return {"type": "stop", "matched": stop}
+        if len(request.output_ids) >= p.max_new_tokens:
+            return {"type": "length", "length": p.max_new_tokens}
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit and len(request.prompt_ids) + len(request.output_ids) >= limit:
+            return {"type": "length", "length": len(request.output_ids)}
+        return None
+
+    def _finish(self, request: _Request, reason: dict[str, Any]) -> None:
+        if request.future.done():
+            return
+        request.future.set_result(Completion(
+            rid=request.rid,
+            prompt_ids=request.prompt_ids,
+            output_ids=request.output_ids,
+            output_logprobs=request.logprobs,
+            finish_reason=reason,
+            weight_version=self.weight_version,
+            latency_s=time.perf_counter() - request.created,
+        ))
+
+    def _select_rows(self, rows: list[int]) -> None:
+        """Keep only `rows` of the running batch and drop leading columns that are padding for all."""
+        if len(rows) == len(self._active):
+            return
+        if not rows:
+            self._reset_batch()
+            return
+        index = torch.tensor(rows, dtype=torch.long)
+        self._active = [self._active[i] for i in rows]
+        self._mask = self._mask[index]
+        self._positions = self._positions[index]
+        self._logits = self._logits[index]
+        layers = [(k[index], v[index]) for k, v in _cache_tensors(self._cache)]
+        start = int((self._mask.sum(0) == 0).long().cumprod(0).sum())  # all-padding prefix width
+        if start:
+            self._mask = self._mask[:, start:]
+            layers = [(k[:, :, start:], v[:, :, start:]) for k, v in layers]
+        self._cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+    def _reset_batch(self) -> None:
+        self._active, self._cache, self._mask, self._positions, self._logits = [], None, None, None, None
+
+    def _eos_token_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.model.generation_config, self.model.config):
+            eos = getattr(source, "eos_token_id", None)
+            ids.update([eos] if isinstance(eos, int) else (eos or []))
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return frozenset(ids)
+
+    @staticmethod
+    def _load(model_path: str) -> torch.nn.Module:
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+def _sample_row(logprobs: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """Greedy argmax, or a draw after top-k, top-p and min-p truncation with the request's RNG."""
+    if params.greedy:
+        return int(torch.argmax(logprobs))
+    probs = logprobs.exp()
+    if 0 < params.top_k < probs.numel():
+        kth = torch.topk(probs, params.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, 0.0)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly above each candidate
+        sorted_probs = torch.where(before < params.top_p * sorted_probs.sum(), sorted_probs, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    if params.min_p > 0:
+        probs = torch.where(probs >= params.min_p * probs.max(), probs, 0.0)
+    # Inverse-CDF draw: one uniform from the request's own RNG (several times faster than multinomial
+    # at this size); `right=True` can only land on a candidate with non-zero mass.
+    cdf = probs.cumsum(0)
+    u = torch.rand((), generator=generator) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), probs.numel() - 1)
+
+
+def _cache_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _merge_caches(
+    cache_a: DynamicCache, mask_a: torch.Tensor, cache_b: DynamicCache, mask_b: torch.Tensor, config: Any
+) -> tuple[DynamicCache, torch.Tensor]:
+    """Stack two batches' caches on the batch axis, left-padding the shorter one with masked zeros.
+
+    Keys are stored already rotated (RoPE) with each row's own positions, so padding columns on the
+    left changes nothing as long as the attention mask hides them.
+    """
+    width = max(mask_a.shape[1], mask_b.shape[1])
+
+    def left_pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+        missing = width - t.shape[dim]
+        if missing == 0:
+            return t
+        shape = list(t.shape)
+        shape[dim] = missing
+        return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+    layers = [
+        (torch.cat([left_pad(ka, 2), left_pad(kb, 2)]), torch.cat([left_pad(va, 2), left_pad(vb, 2)]))
+        for (ka, va), (kb, vb) in zip(_cache_tensors(cache_a), _cache_tensors(cache_b), strict=True)
+    ]
+    mask = torch.cat([left_pad(mask_a, 1), left_pad(mask_b, 1)])
+    return DynamicCache(ddp_cache_data=layers, config=config), mask
+

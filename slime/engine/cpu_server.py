@@ -1,0 +1,307 @@
+"""A CPU inference server that answers SGLang's HTTP subset for RL over any HF causal LM folder.
+
+    python -m slime.engine.cpu_server --model-path DIR [--host 127.0.0.1] [--port 0]
+
+prints `cpu_server listening on http://HOST:PORT` once it accepts requests and exits cleanly on
+SIGTERM / SIGINT (in-flight requests end with finish_reason abort). In-process (tests, Ray actors):
+
+    engine = CPUEngine(model_dir); url = engine.start(); ...; engine.shutdown()
+
+Batching, sampling and the log-prob definition live in `batcher.py`. Differences from SGLang: no
+prefix cache (`/flush_cache` only checks that nothing runs and answers 503 otherwise, which
+`http_utils` retries), no streaming, `/pause_generation` always pauses in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from transformers import AutoTokenizer
+
+from slime.engine import EngineError, RolloutEngine
+from slime.engine.batcher import BadRequestError, Batcher, Completion, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def _per_item(value: Any, n: int, name: str, batch: bool) -> list[Any]:
+    """SGLang lets batch fields be one value for all prompts or a list with one value per prompt."""
+    if batch and isinstance(value, list):
+        if len(value) != n:
+            raise BadRequestError(f"{name} has {len(value)} entries for {n} prompts")
+        return value
+    return [value] * n
+
+
+def completion_json(
+    completion: Completion, params: SamplingParams, tokenizer: Any, return_logprob: bool,
+    return_text_in_logprobs: bool = False,
+) -> dict[str, Any]:
+    """One SGLang /generate result. Ids and log-probs are never trimmed; `text` drops the matched
+    stop token or string unless `no_stop_trim`."""
+    reason = completion.finish_reason
+    matched = reason.get("matched")
+    text_ids = completion.output_ids
+    trim = reason["type"] == "stop" and not params.no_stop_trim
+    if trim and isinstance(matched, int) and text_ids and text_ids[-1] == matched:
+        text_ids = text_ids[:-1]
+    text = tokenizer.decode(text_ids, skip_special_tokens=params.skip_special_tokens)
+    if trim and isinstance(matched, str) and matched in text:
+        text = text[: text.index(matched)]
+    meta: dict[str, Any] = {
+        "id": completion.rid,
+        "finish_reason": reason,
+        "prompt_tokens": len(completion.prompt_ids),
+        "completion_tokens": len(completion.output_ids),
+        "cached_tokens": 0,
+        "weight_version": completion.weight_version,
+        "e2e_latency": completion.latency_s,
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [
+            [lp, tok, tokenizer.decode([tok]) if return_text_in_logprobs else None]
+            for lp, tok in zip(completion.output_logprobs, completion.output_ids, strict=True)
+        ]
+    return {"text": text, "output_ids": completion.output_ids, "meta_info": meta}
+
+
+def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
+    """The FastAPI app: SGLang's endpoints over one `Batcher`."""
+    app = FastAPI(title="slime CPU engine")
+
+    @app.exception_handler(BadRequestError)
+    async def bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> JSONResponse:
+        body = await request.json()
+        if body.get("stream"):
+            raise BadRequestError("stream=true is not supported by the CPU engine")
+        if body.get("input_ids") is not None:
+            prompts = body["input_ids"]
+            batch = bool(prompts) and isinstance(prompts[0], list)
+        elif body.get("text") is not None:
+            texts = body["text"]
+            batch = isinstance(texts, list)
+            texts = texts if batch else [texts]
+            prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        else:
+            raise BadRequestError("send input_ids (list of ints or list of lists) or text")
+        prompts = prompts if batch else [prompts]
+        n = len(prompts)
+        params = [SamplingParams.from_dict(p) for p in _per_item(body.get("sampling_params"), n,
+                                                                 "sampling_params", batch)]
+        rids = _per_item(body.get("rid"), n, "rid", batch)
+        want_logprob = _per_item(body.get("return_logprob", False), n, "return_logprob", batch)
+        with_text = bool(body.get("return_text_in_logprobs", False))
+        futures = [batcher.submit(ids, p, rid) for ids, p, rid in zip(prompts, params, rids, strict=True)]
+        completions = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        results = [
+            completion_json(c, p, tokenizer, bool(lp), with_text)
+            for c, p, lp in zip(completions, params, want_logprob, strict=True)
+        ]
+        return JSONResponse(results if batch else results[0])
+
+    @app.get("/health")
+    async def health() -> PlainTextResponse:
+        return PlainTextResponse("")
+
+    @app.get("/health_generate")
+    async def health_generate() -> PlainTextResponse:
+        future = batcher.submit([0], SamplingParams(max_new_tokens=1, temperature=0.0))
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(future), timeout=20.0)
+        except (TimeoutError, RuntimeError) as exc:
+            return PlainTextResponse(f"generation failed: {exc!r}", status_code=503)
+        return PlainTextResponse("")
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> PlainTextResponse:
+        if not batcher.is_idle():
+            return PlainTextResponse("Cache not flushed: requests are running; retry.", status_code=503)
+        return PlainTextResponse("Cache flushed.")
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> PlainTextResponse:
+        body = await request.json()
+        batcher.abort(rid=body.get("rid"), abort_all=bool(body.get("abort_all", False)))
+        return PlainTextResponse("")
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> JSONResponse:
+        body = await request.json()
+        if not body.get("model_path"):
+            raise BadRequestError("update_weights_from_disk needs model_path (a HF model folder)")
+        version = body.get("weight_version")
+        future = batcher.update_weights(body["model_path"], None if version is None else str(version),
+                                        abort_all=bool(body.get("abort_all_requests", False)))
+        try:
+            new_version = await asyncio.wrap_future(future)
+        except Exception as exc:  # reported in the body, as SGLang does
+            return JSONResponse({"success": False, "message": f"Failed to update weights: {exc}",
+                                 "num_paused_requests": 0}, status_code=400)
+        return JSONResponse({"success": True, "num_paused_requests": 0,
+                             "message": f"Succeeded to update model weights (version {new_version})."})
+
+    @app.get("/get_weight_version")
+    async def get_weight_version() -> JSONResponse:
+        return JSONResponse({"weight_version": batcher.weight_version})
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> JSONResponse:
+        return JSONResponse({
+            "model_path": batcher.model_path,
+            "tokenizer_path": tokenizer_path,
+            "is_generation": True,
+            "weight_version": batcher.weight_version,
+        })
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> JSONResponse:
+        return JSONResponse({
+            "model_path": batcher.model_path,
+            "engine": "slime-cpu",
+            "max_running_requests": batcher.max_batch_size,
+            "random_seed": batcher.seed,
+            "weight_version": batcher.weight_version,
+            **batcher.load(),
+        })
+
+    @app.post("/pause_generation")
+    async def pause_generation() -> PlainTextResponse:
+        batcher.set_paused(True)
+        return PlainTextResponse("")
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> PlainTextResponse:
+        batcher.set_paused(False)
+        return PlainTextResponse("")
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn server that aborts running generations on exit, so SIGTERM does not wait on them,
+    and reports when it accepts connections (`on_started`)."""
+
+    def __init__(self, config: uvicorn.Config, batcher: Batcher, on_started: Callable[[], None] | None):
+        super().__init__(config)
+        self.batcher = batcher
+        self.on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.batcher.abort(abort_all=True)
+        super().handle_exit(sig, frame)
+
+
+class CPUEngine(RolloutEngine):
+    """Batcher + HTTP server on a background thread; the same endpoints as the standalone module."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        seed: int = 0,
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.005,
+    ):
+        self.model_path = str(model_path)
+        self.host, self.port = host, port
+        self.seed, self.max_batch_size, self.batch_wait_s = seed, max_batch_size, batch_wait_s
+        self.batcher: Batcher | None = None
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> str:
+        server, sock = self._prepare()
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                                        name="cpu-engine-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.shutdown()
+                raise EngineError(f"CPU engine for {self.model_path} did not start serving on {self.url}")
+            time.sleep(0.01)
+        return self.url
+
+    def serve_forever(self, on_started: Callable[[], None] | None = None) -> None:
+        """Serve in the calling (main) thread until SIGTERM / SIGINT, then shut down."""
+        server, sock = self._prepare(on_started)
+        try:
+            server.run(sockets=[sock])
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.handle_exit(signal.SIGTERM, None)
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+            self._thread = None
+        if self.batcher is not None:
+            self.batcher.shutdown()
+        if getattr(self, "_http", None) is not None:
+            self._http.close()
+            self._http = None
+
+    def _prepare(self, on_started: Callable[[], None] | None = None) -> tuple[_Server, socket.socket]:
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.batcher = Batcher(self.model_path, tokenizer=tokenizer, seed=self.seed,
+                               max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s)
+        app = build_app(self.batcher, tokenizer, self.model_path)
+        # Bind first so that port 0 resolves to a real port before anyone is told the URL.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        host = f"[{self.host}]" if family == socket.AF_INET6 else self.host
+        self.url = f"http://{host}:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+        self._server = _Server(config, self.batcher, on_started)
+        return self._server, sock
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve a HF causal LM on CPU with SGLang's HTTP API.")
+    parser.add_argument("--model-path", required=True, help="HF model folder (config, weights, tokenizer)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000, help="0 picks a free port")
+    parser.add_argument("--seed", type=int, default=0, help="server seed for requests without sampling_seed")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    # uvicorn re-raises the signal that stopped it; exiting with status 0 then is the clean shutdown.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
+    engine = CPUEngine(args.model_path, host=args.host, port=args.port, seed=args.seed,
+                       max_batch_size=args.max_batch_size)
+    engine.serve_forever(on_started=lambda: print(f"cpu_server listening on {engine.url}", flush=True))
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""The offline tiny Qwen3: deterministic build, HF loading, and the Qwen-style chat template."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from slime.models.tiny import MARKER_TOKENS, SPECIAL_TOKENS, build_tiny_model, main
+
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "query_db",
+        "description": "Run one SQL query",
+        "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}, "required": ["sql"]},
+    },
+}]
+CONVERSATION = [
+    {"role": "system", "content": "Answer with data."},
+    {"role": "user", "content": "How many users?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "query_db", "arguments": {"sql": "SELECT count(*) FROM users"}}},
+    ]},
+    {"role": "tool", "content": "[[3]]"},
+    {"role": "assistant", "content": "There are 3 users."},
+]
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+def test_same_seed_gives_identical_weights_and_vocab(tiny_dir, tmp_path):
+    again = build_tiny_model(tmp_path / "again", seed=0)
+    other = build_tiny_model(tmp_path / "other", seed=1)
+
+    assert _sha(again / "model.safetensors") == _sha(tiny_dir / "model.safetensors")
+    assert _sha(again / "tokenizer.json") == _sha(tiny_dir / "tokenizer.json")
+    assert _sha(other / "model.safetensors") != _sha(tiny_dir / "model.safetensors")
+    assert _sha(other / "tokenizer.json") == _sha(tiny_dir / "tokenizer.json")  # seed only moves weights
+
+
+def test_loads_offline_with_the_tiny_architecture(tiny_dir, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert len(tokenizer) == model.config.vocab_size == 4096
+    assert sum(p.numel() for p in model.parameters()) == 336_256  # platform-facts section 9
+    assert model.config.tie_word_embeddings and model.dtype == torch.float32
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    assert set(model.generation_config.eos_token_id) == {
+        tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    }
+
+
+def test_added_tokens_are_single_ids_and_only_chat_markers_are_special(tokenizer):
+    for token in SPECIAL_TOKENS + MARKER_TOKENS:
+        assert tokenizer.encode(token, add_special_tokens=False) == [tokenizer.convert_tokens_to_ids(token)]
+    ids = tokenizer.encode("<tool_call>x</tool_call><|im_end|>", add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<tool_call>x</tool_call>"
+
+
+def test_chat_template_renders_tools_tool_calls_and_tool_responses(tokenizer):
+    text = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
+
+    assert text.startswith("<|im_start|>system\nAnswer with data.\n\n# Tools\n")
+    assert '<tools>\n{"type": "function", "function": {"name": "query_db"' in text
+    assert (
+        "<|im_start|>assistant\n<tool_call>\n"
+        '{"name": "query_db", "arguments": {"sql": "SELECT count(*) FROM users"}}\n</tool_call><|im_end|>\n'
+    ) in text
+    assert "<|im_start|>user\n<tool_response>\n[[3]]\n</tool_response><|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\nThere are 3 users.<|im_end|>\n")
+    ids = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=True)["input_ids"]
+    assert tokenizer.decode(ids) == text
+
+
+def test_consecutive_tool_messages_share_one_user_turn(tokenizer):
+    messages = [{"role": "user", "content": "q"}, {"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    assert text == (
+        "<|im_start|>user\nq<|im_end|>\n<|im_start|>user\n<tool_response>\na\n</tool_response>\n"
+        "<tool_response>\nb\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_assistant_mask_covers_exactly_the_assistant_replies(tokenizer):
+    out = tokenizer.apply_chat_template(
+        CONVERSATION, tools=TOOLS, return_assistant_tokens_mask=True, return_dict=True
+    )
+    masked = [t for t, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m]
+
+    assert tokenizer.decode(masked) == (
+        '<tool_call>\n{"name": "query_db", "arguments": {"sql": "SELECT count(*) FROM users"}}\n'
+        "</tool_call><|im_end|>There are 3 users.<|im_end|>"
+    )
+
+
+def test_rebuild_is_skipped_when_current_and_cli_builds(tiny_dir, tmp_path, capsys):
+    before = (tiny_dir / "model.safetensors").stat().st_mtime_ns
+    assert build_tiny_model(tiny_dir, seed=0) == tiny_dir
+    assert (tiny_dir / "model.safetensors").stat().st_mtime_ns == before
+
+    main(["--out", str(tmp_path / "cli")])
+    assert capsys.readouterr().out.strip() == str(tmp_path / "cli")
+    assert _sha(tmp_path / "cli" / "model.safetensors") == _sha(tiny_dir / "model.safetensors")
