@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from transformers import AutoTokenizer
 
-from slime.engine import EngineError, RolloutEngine
+from slime.engine.base import EngineError, RolloutEngine
 from slime.engine.batcher import BadRequestError, Batcher, Completion, SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,90 @@
+"""The engine interface: start / stop are per engine, the HTTP control surface is shared."""
+
+from __future__ import annotations
+
+import abc
+import time
+from typing import Any
+
+import httpx
+
+
+class EngineError(RuntimeError):
+    """An engine control call failed (non-2xx reply or the engine is unreachable)."""
+
+
+class RolloutEngine(abc.ABC):
+    """start / generate / health / flush / update weights / pause / abort / shutdown over HTTP."""
+
+    url: str = ""
+    request_timeout_s: float = 600.0
+
+    @abc.abstractmethod
+    def start(self) -> str:
+        """Start serving and return the base URL once `/health` answers."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop serving and release the model; in-flight requests end with finish_reason abort."""
+
+    def generate(self, payload: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
+        """POST /generate with SGLang's body (input_ids, sampling_params, return_logprob, ...)."""
+        return self._call("POST", "/generate", payload).json()
+
+    def health(self) -> bool:
+        try:
+            return self._client().get(f"{self.url}/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def flush_cache(self, timeout_s: float = 60.0) -> None:
+        """Flush the prefix cache, retrying while requests still run (slime waits up to 60 s)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            reply = self._client().post(f"{self.url}/flush_cache", timeout=10.0)
+            if reply.status_code == 200:
+                return
+            if time.monotonic() > deadline:
+                raise EngineError(f"{self.url}/flush_cache still busy after {timeout_s} s: {reply.text}")
+            time.sleep(0.2)
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:
+        """Reload weights from a HF folder; returns the engine's new weight version."""
+        body: dict[str, Any] = {"model_path": model_path}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        reply = self._call("POST", "/update_weights_from_disk", body).json()
+        if not reply.get("success"):
+            raise EngineError(f"{self.url} refused the weights in {model_path}: {reply.get('message')}")
+        return self.weight_version()
+
+    def weight_version(self) -> str:
+        return str(self._call("GET", "/get_weight_version").json()["weight_version"])
+
+    def pause_generation(self) -> None:
+        self._call("POST", "/pause_generation", {})
+
+    def continue_generation(self) -> None:
+        self._call("POST", "/continue_generation", {})
+
+    def abort(self, rid: str | None = None) -> None:
+        """Abort one request by rid, or all requests when rid is None."""
+        self._call("POST", "/abort_request", {"rid": rid} if rid is not None else {"abort_all": True})
+
+    def _client(self) -> httpx.Client:
+        client = getattr(self, "_http", None)
+        if client is None:
+            # trust_env=False: engine URLs are local or cluster-internal, never behind a proxy.
+            client = self._http = httpx.Client(timeout=self.request_timeout_s, trust_env=False)
+        return client
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        if not self.url:
+            raise EngineError(f"{type(self).__name__} is not started: call start() first")
+        try:
+            reply = self._client().request(method, f"{self.url}{path}", json=body)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"{method} {self.url}{path} failed: {exc}") from exc
+        if reply.status_code >= 300:
+            raise EngineError(f"{method} {self.url}{path} answered {reply.status_code}: {reply.text}")
+        return reply
