@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 _IGNORED_PARAMS = {"custom_params", "spaces_between_special_tokens", "stream_interval", "n"}
 
 
+_LOAD_LOCK = threading.Lock()  # one model load at a time per process
+
 class BadRequestError(ValueError):
     """A generate request the engine cannot serve; the HTTP layer answers 400 with this message."""
 
@@ -460,7 +462,8 @@ class Batcher:
 
     @staticmethod
     def _load(model_path: str) -> torch.nn.Module:
-        return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        with _LOAD_LOCK:  # from_pretrained is not thread-safe: two engines in one process got meta tensors
+            return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
 
 
 def _sample_row(logprobs: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

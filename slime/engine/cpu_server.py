@@ -273,7 +273,7 @@ class CPUEngine(RolloutEngine):
         app = build_app(self.batcher, tokenizer, self.model_path)
         # Bind first so that port 0 resolves to a real port before anyone is told the URL.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY only then
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]

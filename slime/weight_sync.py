@@ -1,0 +1,404 @@
+"""Pushing the trainer's weights into the rollout engines: one interface, a disk path and a GPU path.
+
+    sync = DiskWeightSync("/ckpt/weights")     # or TensorWeightSync(mode="ipc" | "nccl") on GPU
+    version = sync.sync(trainer, engines, version=step)
+
+Every `sync` brackets the transfer the same way (slime-contracts.md section 6): pause generation,
+flush the prefix cache (fails if requests still run: drain or abort them first), transfer, continue.
+`engines` are `RolloutEngine`s; a `Router` counts as one engine for the disk path (it fans the update
+out and reloads engines that rejoin later), while the tensor paths need each engine's own URL.
+
+`DiskWeightSync` works everywhere and is the only path on CPU. `TensorWeightSync` is GPU-only and
+UNTESTED HERE: it is written against SGLang's `/update_weights_from_tensor` (CUDA IPC handles,
+`flattened_bucket` format) and `/init_weights_update_group` + `/update_weights_from_distributed`
+(NCCL broadcast) endpoints; its CPU tests cover bucketing, name conversion and payloads only.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slime.engine.base import EngineError, RolloutEngine
+
+logger = logging.getLogger(__name__)
+
+VERSION_DIR = re.compile(r"^weight_v(\d{6,})$")
+DEFAULT_BUCKET_BYTES = 512 * 1024**2  # slime's --update-weight-buffer-size
+# Wrappers that prefix parameter names: DDP / FSDP1 (`module.`, `_fsdp_wrapped_module.`),
+# torch.compile (`_orig_mod.`), activation checkpointing (`_checkpoint_wrapped_module.`).
+WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+class WeightSync(abc.ABC):
+    """Make `engines` serve the trainer's current weights under `version`; returns the version string."""
+
+    def __init__(self, *, flush_timeout_s: float = 60.0):
+        self.flush_timeout_s = flush_timeout_s
+
+    def sync(self, trainer: Any, engines: Sequence[RolloutEngine], version: int) -> str:
+        with self._paused(engines):
+            self._transfer(trainer, engines, version)
+        return str(version)
+
+    @abc.abstractmethod
+    def _transfer(self, trainer: Any, engines: Sequence[RolloutEngine], version: int) -> None:
+        """Move the weights; generation is paused and the cache flushed while this runs."""
+
+    @contextmanager
+    def _paused(self, engines: Sequence[RolloutEngine]) -> Iterator[None]:
+        _each(engines, lambda e: e.pause_generation())
+        try:
+            _each(engines, lambda e: e.flush_cache(timeout_s=self.flush_timeout_s))
+            yield
+        finally:
+            _each(engines, lambda e: e.continue_generation())
+
+
+def _each(engines: Sequence[RolloutEngine], call: Callable[[RolloutEngine], Any]) -> list[Any]:
+    """Run `call` on every engine concurrently; raise one EngineError naming every engine that failed."""
+    if len(engines) == 1:
+        return [call(engines[0])]
+    with ThreadPoolExecutor(max_workers=len(engines)) as pool:
+        futures = [pool.submit(call, engine) for engine in engines]
+    errors = [f"{engine.url}: {f.exception()}" for engine, f in zip(engines, futures, strict=True) if f.exception()]
+    if errors:
+        raise EngineError("; ".join(errors))
+    return [f.result() for f in futures]
+
+
+# ---- disk ----------------------------------------------------------------------------------------
+
+
+class DiskWeightSync(WeightSync):
+    """Export HF safetensors to `root/weight_v{version:06d}` (atomically: written aside, then renamed),
+    have every engine load it with `/update_weights_from_disk`, check the version they report, then
+    delete older version folders, keeping the newest `keep_versions` (the newest stays so that an engine
+    restarting behind a router can reload it; `keep_versions=None` keeps all)."""
+
+    def __init__(self, root: str | os.PathLike, *, keep_versions: int | None = 1, tokenizer: Any = None,
+                 flush_timeout_s: float = 60.0):
+        super().__init__(flush_timeout_s=flush_timeout_s)
+        if keep_versions is not None and keep_versions < 1:
+            raise ValueError(f"keep_versions must be >= 1 or None (keep all), got {keep_versions}")
+        self.root = Path(root)
+        self.keep_versions = keep_versions
+        self.tokenizer = tokenizer
+
+    def version_dir(self, version: int) -> Path:
+        return self.root / f"weight_v{version:06d}"
+
+    def _transfer(self, trainer: Any, engines: Sequence[RolloutEngine], version: int) -> None:
+        path = Path(trainer.export_hf(self.version_dir(version), self.tokenizer))
+        reported = _each(engines, lambda e: e.update_weights_from_disk(str(path), weight_version=str(version)))
+        wrong = {engine.url: v for engine, v in zip(engines, reported, strict=True) if v != str(version)}
+        if wrong:
+            raise EngineError(f"engines report weight versions {wrong} after loading {path}, expected {version}")
+        self.prune()
+        logger.info("weights v%d loaded by %d engine(s) from %s", version, len(engines), path)
+
+    def prune(self) -> list[Path]:
+        """Delete all but the newest `keep_versions` version folders (and leftovers of killed exports)."""
+        if not self.root.is_dir():
+            return []
+        versions = sorted((int(m.group(1)), p) for p in self.root.iterdir() if (m := VERSION_DIR.match(p.name)))
+        doomed = [p for _, p in versions[: -self.keep_versions]] if self.keep_versions else []
+        doomed += [p for p in self.root.glob("weight_v*.tmp-*") if not p.name.endswith(f".tmp-{os.getpid()}")]
+        for path in doomed:
+            shutil.rmtree(path, ignore_errors=True)
+        return doomed
+
+
+# ---- tensors (GPU) -------------------------------------------------------------------------------
+
+
+def hf_named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, full tensor) for every weight an engine loads: wrapper prefixes stripped, a tied
+    `lm_head.weight` skipped (the engine ties it to the embedding itself), DTensor shards gathered."""
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        name = hf_name(name)
+        if tied and name == "lm_head.weight":
+            continue
+        if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor: all-gather the shards
+            tensor = tensor.full_tensor()
+        key = tensor.data_ptr()
+        if key in seen and tensor.numel() > 0:  # another name for storage already sent
+            continue
+        seen.add(key)
+        yield name, tensor.detach()
+
+
+def hf_name(name: str) -> str:
+    """Strip the prefixes that DDP / FSDP / torch.compile wrappers add to parameter names."""
+    changed = True
+    while changed:
+        changed = False
+        for prefix in WRAPPER_PREFIXES:
+            if name.startswith(prefix):
+                name, changed = name[len(prefix):], True
+        name = name.replace("._fsdp_wrapped_module.", ".").replace("._checkpoint_wrapped_module.", ".")
+    return name
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def bucket_named_tensors(
+    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Greedy buckets in order, each at most `bucket_bytes` unless one tensor alone is larger (it then
+    travels alone): one transfer per bucket bounds the extra memory a sync needs."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named:
+        n = tensor_bytes(tensor)
+        if bucket and size + n > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += n
+    if bucket:
+        yield bucket
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'bfloat16' for torch.bfloat16: SGLang resolves dtype strings with getattr(torch, name)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def distributed_update_payload(
+    bucket: Sequence[tuple[str, torch.Tensor]], group_name: str, version: int, *, flush_cache: bool = False
+) -> dict[str, Any]:
+    """Body of `POST /update_weights_from_distributed` announcing one bucket's broadcasts, in order."""
+    return {
+        "names": [name for name, _ in bucket],
+        "dtypes": [dtype_name(t.dtype) for _, t in bucket],
+        "shapes": [list(t.shape) for _, t in bucket],
+        "group_name": group_name,
+        "flush_cache": flush_cache,
+        "weight_version": str(version),
+    }
+
+
+def init_group_payload(
+    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
+    backend: str = "nccl",
+) -> dict[str, Any]:
+    """Body of `POST /init_weights_update_group`: the engine's TP ranks join as rank_offset + tp_rank."""
+    return {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend}
+
+
+def engine_rank_offsets(tp_sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Rank offsets of each engine in the update group (the trainer is rank 0) and the world size."""
+    offsets, next_rank = [], 1
+    for tp in tp_sizes:
+        offsets.append(next_rank)
+        next_rank += tp
+    return offsets, next_rank
+
+
+def flatten_bucket(bucket: Sequence[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    """One uint8 buffer holding every tensor's bytes back to back, plus where each one lies (the layout
+    of SGLang's FlattenedTensorBucket: name, shape, dtype, start_idx, end_idx, numel in bytes)."""
+    parts, metadata, offset = [], [], 0
+    for name, tensor in bucket:
+        flat = tensor.contiguous().reshape(-1).view(torch.uint8)
+        parts.append(flat)
+        metadata.append({"name": name, "shape": tensor.shape, "dtype": tensor.dtype,
+                         "start_idx": offset, "end_idx": offset + flat.numel(), "numel": flat.numel()})
+        offset += flat.numel()
+    return torch.cat(parts), metadata
+
+
+def unflatten_bucket(flat: torch.Tensor, metadata: Sequence[dict[str, Any]]) -> list[tuple[str, torch.Tensor]]:
+    """Inverse of `flatten_bucket` (what the engine side does)."""
+    return [(m["name"], flat[m["start_idx"]: m["end_idx"]].view(m["dtype"]).reshape(m["shape"]))
+            for m in metadata]
+
+
+def tensor_update_payload(
+    serialized_per_tp_rank: Sequence[str], version: int, *, load_format: str = "flattened_bucket",
+    flush_cache: bool = False,
+) -> dict[str, Any]:
+    """Body of `POST /update_weights_from_tensor`: one serialised bucket per engine TP rank."""
+    return {"serialized_named_tensors": list(serialized_per_tp_rank), "load_format": load_format,
+            "flush_cache": flush_cache, "weight_version": str(version)}
+
+
+def _sglang_serializer() -> tuple[Callable[[Any], str], type]:
+    """SGLang's serializer and bucket metadata class (imported lazily: GPU environments only)."""
+    try:
+        from sglang.srt.utils import MultiprocessingSerializer
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+    except ImportError as exc:
+        raise EngineError(f"TensorWeightSync needs sglang ({exc}): install the gpu extra: bash setup.sh --gpu") from exc
+    try:  # CUDA IPC handles that name devices by UUID, so they survive CUDA_VISIBLE_DEVICES remapping
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+    except ImportError:
+        from sglang.srt.patch_torch import monkey_patch_torch_reductions
+    monkey_patch_torch_reductions()
+    return (lambda obj: MultiprocessingSerializer.serialize(obj, output_str=True)), FlattenedTensorMetadata
+
+
+class TensorWeightSync(WeightSync):
+    """GPU-only, UNTESTED HERE. Weights go straight from trainer GPU memory to the engines, bucket by
+    bucket, in HF names.
+
+    mode="ipc" (colocated): each bucket is flattened on the trainer's GPU and its CUDA IPC handle is
+    posted to `/update_weights_from_tensor`; the engine maps the same memory. With engine TP > 1 the
+    handles of the trainer ranks sharing the engine's GPUs are gathered over `ipc_group` (one entry per
+    TP rank) and this rank posts them.
+
+    mode="nccl" (separate GPUs): `connect()` forms a process group of this trainer rank (rank 0) and
+    every engine GPU (`/init_weights_update_group`); each bucket is announced with
+    `/update_weights_from_distributed` and broadcast from rank 0 while the engines receive it.
+    Call `close()` to destroy the group. `engine_tp_sizes` gives each engine's TP size.
+    """
+
+    def __init__(
+        self,
+        mode: str = "nccl",
+        *,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        engine_tp_sizes: Sequence[int] | None = None,
+        master_address: str = "127.0.0.1",
+        master_port: int | None = None,
+        group_name: str = "slime_weight_update",
+        ipc_group: Any = None,
+        flush_timeout_s: float = 60.0,
+    ):
+        super().__init__(flush_timeout_s=flush_timeout_s)
+        if mode not in ("ipc", "nccl"):
+            raise ValueError(f"mode must be 'ipc' (colocated, CUDA IPC) or 'nccl' (separate GPUs), got {mode!r}")
+        self.mode, self.bucket_bytes = mode, bucket_bytes
+        self.engine_tp_sizes = list(engine_tp_sizes) if engine_tp_sizes is not None else None
+        self.master_address, self.master_port, self.group_name = master_address, master_port, group_name
+        self.ipc_group = ipc_group
+        self._group: Any = None
+        self._engines: list[RolloutEngine] = []
+
+    def _transfer(self, trainer: Any, engines: Sequence[RolloutEngine], version: int) -> None:
+        if not torch.cuda.is_available():
+            raise EngineError("TensorWeightSync needs CUDA; on CPU use DiskWeightSync")
+        model = trainer.model if hasattr(trainer, "model") else trainer
+        buckets = bucket_named_tensors(hf_named_tensors(model), self.bucket_bytes)
+        if self.mode == "ipc":
+            self._send_ipc(buckets, engines, version)
+        else:
+            if self._group is None:
+                self.connect(engines)
+            self._send_nccl(buckets, engines, version)
+
+    # -- CUDA IPC --
+
+    def _send_ipc(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], engines: Sequence[RolloutEngine],
+                  version: int) -> None:
+        serialize, metadata_cls = _sglang_serializer()
+        for bucket in buckets:
+            flat, metadata = flatten_bucket([(name, tensor.cuda()) for name, tensor in bucket])
+            mine = serialize({"flattened_tensor": flat, "metadata": [metadata_cls(**m) for m in metadata]})
+            per_rank = [mine]
+            if self.ipc_group is not None:
+                import torch.distributed as dist
+
+                per_rank = [None] * dist.get_world_size(self.ipc_group)
+                dist.all_gather_object(per_rank, mine, group=self.ipc_group)
+            payload = tensor_update_payload(per_rank, version)
+            _each(engines, lambda e, body=payload: _post_ok(e, "/update_weights_from_tensor", body))
+            del flat  # the engine has copied it once the post returned
+        torch.cuda.synchronize()
+
+    # -- NCCL --
+
+    def connect(self, engines: Sequence[RolloutEngine]) -> None:
+        """Form the update group: engines join through their endpoint while this process joins as rank 0."""
+        import torch.distributed as dist
+
+        self._engines = list(engines)
+        tp_sizes = self.engine_tp_sizes or [1] * len(engines)
+        offsets, world_size = engine_rank_offsets(tp_sizes)
+        port = self.master_port or _free_port()
+        with ThreadPoolExecutor(max_workers=len(engines)) as pool:
+            joins = [pool.submit(_post_ok, engine, "/init_weights_update_group",
+                                 init_group_payload(self.master_address, port, offset, world_size, self.group_name))
+                     for engine, offset in zip(engines, offsets, strict=True)]
+            self._group = init_custom_group("nccl", f"tcp://{self.master_address}:{port}", world_size, 0,
+                                            self.group_name)
+            for join in joins:
+                join.result()
+        dist.barrier(group=self._group, device_ids=[torch.cuda.current_device()])
+
+    def _send_nccl(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], engines: Sequence[RolloutEngine],
+                   version: int) -> None:
+        import torch.distributed as dist
+
+        with ThreadPoolExecutor(max_workers=len(engines)) as pool:
+            for bucket in buckets:
+                payload = distributed_update_payload(bucket, self.group_name, version)
+                posts = [pool.submit(_post_ok, e, "/update_weights_from_distributed", payload) for e in engines]
+                for _, tensor in bucket:  # the engines receive in the announced order
+                    dist.broadcast(tensor.cuda(), group=self._group, group_src=0)
+                for post in posts:
+                    post.result()
+
+    def close(self) -> None:
+        if self._group is None:
+            return
+        import torch.distributed as dist
+
+        for engine in self._engines:
+            try:
+                _post_ok(engine, "/destroy_weights_update_group", {"group_name": self.group_name})
+            except EngineError as exc:
+                logger.warning("could not destroy the weight update group on %s: %s", engine.url, exc)
+        dist.destroy_process_group(self._group)
+        self._group = None
+
+
+def _post_ok(engine: RolloutEngine, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    reply = engine._call("POST", path, body).json()
+    if isinstance(reply, dict) and reply.get("success") is False:
+        raise EngineError(f"{engine.url}{path} refused: {reply.get('message')}")
+    return reply
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def init_custom_group(backend: str, init_method: str, world_size: int, rank: int, group_name: str) -> Any:
+    """A process group next to (not replacing) the default one, formed the way SGLang's engine side
+    forms it (`rendezvous` + `_new_process_group_helper` under the same group name), so both ends
+    meet. Works with gloo too, which is how the CPU test exercises it."""
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+
+    timeout = timedelta(minutes=10)
+    store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    group, _ = c10d._new_process_group_helper(
+        world_size, rank, [], backend, store, group_name=group_name, timeout=timeout
+    )
+    c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
