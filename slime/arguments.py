@@ -16,7 +16,8 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
   --rollout-temperature, --rollout-top-p, --rollout-top-k, --rollout-max-response-len,
   --rollout-max-prompt-len, --rollout-max-context-len, --rollout-stop, --rollout-stop-token-ids, --rollout-skip-special-tokens,
   --sglang-server-concurrency, --sglang-router-ip, --sglang-router-port
-- plugins: --custom-generate-function-path, --custom-rm-path, --group-rm, --reward-key,
+- plugins: --rollout-function-path (train rollouts; eval always uses the built-in),
+  --custom-generate-function-path, --custom-rm-path, --group-rm, --reward-key,
   --dynamic-sampling-filter-path, --custom-config-path
 - algorithm: --advantage-estimator (grpo, gspo, cispo), --eps-clip, --eps-clip-high, --eps-clip-c,
   --use-kl-loss, --kl-loss-coef, --kl-loss-type, --use-unbiased-kl, --entropy-coef,
@@ -37,9 +38,10 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
 - ours for CPU: --engine-type (cpu), --ray-address, --ray-num-cpus, --engine-max-batch-size,
   --engine-seed
 
-Not implemented: --rollout-function-path / --eval-function-path, --data-source-path, buffer and
-sample filters, hooks, --rm-type built-ins, --partial-rollout, critic/PPO, SFT loss, async training
-(train_async.py), NCCL / tensor weight transport, data parallelism over several train actors.
+Not implemented: --eval-function-path, --data-source-path, --buffer-filter-path (the buffer uses
+`pop_first`), sample filters, hooks, --rm-type built-ins, --partial-rollout, critic/PPO, SFT loss,
+async training (train_async.py), NCCL / tensor weight transport, data parallelism over several
+train actors.
 """
 
 from __future__ import annotations
@@ -137,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sglang-router-port", type=int, default=None)
 
     g = p.add_argument_group("plugins")
+    g.add_argument("--rollout-function-path", default="slime.rollout.sglang_rollout.generate_rollout",
+                   help="fn(args, rollout_id, data_source, evaluation=False) -> RolloutFnTrainOutput "
+                        "(or legacy list[list[Sample]]); sync or async")
     g.add_argument("--custom-generate-function-path", default=None)
     g.add_argument("--custom-rm-path", default=None)
     g.add_argument("--group-rm", action="store_true")

@@ -43,8 +43,11 @@ from tqdm import tqdm
 from slime.algorithms.advantages import grpo_advantages
 from slime.arguments import parse_args
 from slime.backends.checkpoint import LATEST_FILE
-from slime.rollout import PromptDataSource, eval_rollout, generate_rollout, load_prompts
+from slime.rollout.base_types import call_rollout_fn
+from slime.rollout.data_source import RolloutDataSourceWithBuffer, load_prompts
+from slime.rollout.sglang_rollout import eval_rollout, generate_rollout
 from slime.utils.http_utils import close_shared_client
+from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 logger = logging.getLogger("slime.train")
@@ -220,8 +223,8 @@ class Run:
         tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
         self.prompts = load_prompts(args, args.prompt_data, tokenizer)
         self.eval_prompts = {name: load_prompts(args, path, tokenizer) for name, path in args.eval_datasets.items()}
-        self.data_source = PromptDataSource(self.prompts, args.n_samples_per_prompt,
-                                            shuffle=args.rollout_shuffle, seed=args.rollout_seed)
+        self.data_source = RolloutDataSourceWithBuffer(self.prompts, args.n_samples_per_prompt, args=args,
+                                                       shuffle=args.rollout_shuffle, seed=args.rollout_seed)
         if args.num_rollout is None:
             args.num_rollout = args.num_epoch * len(self.prompts) // args.rollout_batch_size
         self._tmp = None
@@ -275,14 +278,19 @@ class Run:
         restarted = await self.engines.ensure_healthy()
         watchdog = asyncio.create_task(self.engines.watch(args.rollout_health_check_interval))
         restarts_before = self.engines.restarts
+        rollout_fn = load_function(args.rollout_function_path)
+        extra = {"on_failure": self.engines.ensure_healthy} if rollout_fn is generate_rollout else {}
+        started = time.perf_counter()
         try:
-            result = await generate_rollout(args, rollout_id, self.data_source, on_failure=self.engines.ensure_healthy)
+            result = await call_rollout_fn(rollout_fn, args, rollout_id, self.data_source, evaluation=False, **extra)
         finally:
             watchdog.cancel()
-        samples, advantages = build_train_batch(args, result.groups)
+        rollout_metrics = {"rollout/time_s": time.perf_counter() - started, **(result.metrics or {})}
+        samples, advantages = build_train_batch(args, result.samples)
+        rollout_metrics.setdefault("rollout/raw_reward", sum(float(s.get_reward_value(args)) for s in samples) / len(samples))
         started = time.perf_counter()
         train_metrics = await self.trainer.train.remote(samples, advantages)
-        metrics = {**result.metrics, **train_metrics, "train/time_s": time.perf_counter() - started,
+        metrics = {**rollout_metrics, **train_metrics, "train/time_s": time.perf_counter() - started,
                    "rollout/engine_restarts": float(restarted + self.engines.restarts - restarts_before)}
         if args.ci_test and rollout_id == 0:
             diff = train_metrics.get("train/train_rollout_logprob_abs_diff", 0.0)

@@ -1,0 +1,1 @@
+"""Dynamic sampling filters: `fn(args, samples_of_one_group, **kw) -> DynamicFilterOutput | bool`."""
