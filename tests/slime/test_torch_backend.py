@@ -6,12 +6,13 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
 
 from slime.algorithms.losses import PolicyLossConfig
 from slime.backends import checkpoint as ckpt
 from slime.backends.batching import pack_micro_batch, plan_micro_batches, scatter_back
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
+from slime.models.tiny import build_config
 from slime.utils.types import Sample
 
 VOCAB = 512
@@ -19,17 +20,7 @@ VOCAB = 512
 
 def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        tie_word_embeddings=True,
-    )
-    return Qwen3ForCausalLM(config)
+    return Qwen3ForCausalLM(build_config(VOCAB, eos_id=VOCAB - 1, pad_id=0))  # the project's tiny architecture
 
 
 def sample(prompt_len: int, response_len: int, seed: int, loss_mask: list[int] | None = None) -> Sample:
