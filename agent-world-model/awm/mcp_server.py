@@ -15,7 +15,7 @@ Beside MCP, a JSON control plane the agent never sees lets a remote rollout fini
     POST /episodes/{session_id}/reset
     POST /episodes/{session_id}/snapshot  -> {"snapshot": id}
     POST /episodes/{session_id}/restore   {"snapshot": id}
-    GET  /episodes/{session_id}/state     -> {"state_hash", "steps", "scenario", "task_idx"}
+    GET  /episodes/{session_id}/state     -> {"state_hash", "changes", "steps", "scenario", "task_idx"}
     GET  /health                          -> {"status": "ok", "scenarios": [...], "open_episodes": n}
 
 The session id is the `mcp-session-id` header of the initialize reply; mcp 2.3's client does not
@@ -175,8 +175,11 @@ def _rpc_error(status: int, code: int, message: str, data: Any = None) -> JSONRe
     return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=status)
 
 
-def _tool_result(text: str, is_error: bool) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
+def _tool_result(text: str, is_error: bool, kind: str, status: int | None = None) -> types.CallToolResult:
+    """A tool result; `_meta.awm` tells a rollout what kind of result it is (ok, http_error,
+    invalid_arguments, unknown_tool, infra_error) without parsing the text the agent sees."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error,
+                                _meta={"awm": {"kind": kind, "status": status}})
 
 
 class _McpEndpoint:
@@ -289,8 +292,8 @@ class _EpisodeService:
             obs = await episode.call(params.name, params.arguments)
         except InfraError as exc:
             await self.episodes.fail(session, str(exc))
-            return _tool_result(f"Infrastructure error: {exc}", is_error=True)
-        return _tool_result(obs.text, obs.is_error)
+            return _tool_result(f"Infrastructure error: {exc}", is_error=True, kind="infra_error")
+        return _tool_result(obs.text, obs.is_error, obs.kind, obs.status)
 
     # ---- control plane ---------------------------------------------------------------------
     def _lookup(self, request: Request) -> tuple[_Session, Episode]:
@@ -376,9 +379,11 @@ class _EpisodeService:
 
     async def state(self, request: Request) -> JSONResponse:
         async def action(session: _Session, episode: Episode, body: dict[str, Any]) -> dict[str, Any]:
-            state_hash = await asyncio.to_thread(episode.state_hash)  # reads the whole DB: not on the loop
-            return {"state_hash": state_hash, "steps": episode.steps, "scenario": episode.scenario,
-                    "task_idx": episode.task_idx}
+            # Both read the whole DB: not on the loop.
+            state_hash = await asyncio.to_thread(episode.state_hash)
+            changes = await asyncio.to_thread(episode.changes)
+            return {"state_hash": state_hash, "changes": changes, "steps": episode.steps,
+                    "scenario": episode.scenario, "task_idx": episode.task_idx}
         return await self._run(request, action)
 
     async def health(self, request: Request) -> JSONResponse:

@@ -1,0 +1,325 @@
+"""Multi-turn, token-in/token-out rollout on AWM environments: slime's custom generate function.
+
+    --custom-generate-function-path awm_grpo.rollout.generate
+
+One call plays one episode of the task in `sample.metadata` ({"scenario", "task_idx", "task"}):
+
+    tokens = prompt                                   (system prompt + task, chat template)
+    repeat:  model turn   -> engine /generate on `tokens`;  appended with loss mask 1 + log-probs
+             reply        -> final answer (no <tool_call>)  => stop
+                          -> tool calls: run them (first or all), observation delta appended, mask 0
+    verify the final DB (+ final answer) in the sandbox  -> sample.metadata["awm"]  -> reward.py
+
+Stop conditions: final answer; `awm_max_turns` model turns (or the turn schedule); response budget
+(`--rollout-max-response-len`, shared by model and observation tokens, and
+`--rollout-max-context-len`); an invalid call with `awm_terminate_on_invalid_call`;
+`awm_max_repeated_calls` identical calls (same name and arguments) in a row; engine abort.
+
+Infrastructure failures (environment crash or timeout, verifier crash or timeout) set status
+FAILED and `remove_sample`, so the trainer keeps them out of group statistics and the loss; the
+reason is in `sample.metadata["awm"]["infra_error"]` and counted by `awm_grpo.traces`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from awm_grpo import protocol
+from awm_grpo.chat import ChatEncoder
+from awm_grpo.env_client import EnvConfig, EnvInfraError, EnvSession, ToolResult, open_env
+from awm_grpo.traces import write_trace
+from slime.rollout.sglang_rollout import GenerateState, get_model_url
+from slime.utils.http_utils import post
+from slime.utils.types import Sample
+
+TRUNCATION_MARKER = "\n[... observation truncated: {n} more tokens]"
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """The awm_* keys of the runtime YAML (`--custom-config-path`), with their defaults."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    tool_mode: str = "meta"  # meta: list_tools/call_tool (upstream AWM) | native: schemas in the template
+    calls_per_turn: str = "first"  # first | all
+    max_turns: int = 15
+    turn_schedule: dict[str, Any] | None = None  # {"rounds": [10, 20, 30], "every": 100}
+    max_tokens_per_turn: int | None = None
+    max_observation_tokens: int = 1024
+    terminate_on_invalid_call: bool = True
+    max_repeated_calls: int = 3
+    enable_thinking: bool = False
+    trace_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tool_mode not in ("meta", "native"):
+            raise ValueError(f"awm_tool_mode {self.tool_mode!r} is unknown: use 'meta' or 'native'")
+        if self.calls_per_turn not in ("first", "all"):
+            raise ValueError(f"awm_calls_per_turn {self.calls_per_turn!r} is unknown: use 'first' or 'all'")
+        if self.max_turns < 1 or self.max_repeated_calls < 1:
+            raise ValueError("awm_max_turns and awm_max_repeated_calls must be >= 1")
+        if self.turn_schedule is not None:
+            rounds, every = self.turn_schedule.get("rounds"), self.turn_schedule.get("every")
+            if not rounds or not all(isinstance(r, int) and r > 0 for r in rounds) or not isinstance(every, int) \
+                    or every < 1:
+                raise ValueError(f"awm_turn_schedule {self.turn_schedule!r}: expected "
+                                 '{"rounds": [positive ints], "every": steps >= 1}')
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RolloutConfig:
+        cached = getattr(args, "_awm_rollout_config", None)
+        if cached is not None:
+            return cached
+
+        def get(name: str, default: Any) -> Any:
+            value = getattr(args, f"awm_{name}", None)
+            return default if value is None else value
+
+        env = EnvConfig(transport=get("transport", "inprocess"), data_dir=get("data_dir", None),
+                        mcp_urls=tuple(get("mcp_urls", ())), workers=int(get("env_workers", 2)),
+                        tool_timeout_s=float(get("tool_timeout", 30.0)),
+                        verifier_timeout_s=float(get("verifier_timeout", 30.0)))
+        cfg = cls(env=env, tool_mode=get("tool_mode", "meta"), calls_per_turn=get("calls_per_turn", "first"),
+                  max_turns=int(get("max_turns", 15)), turn_schedule=get("turn_schedule", None),
+                  max_tokens_per_turn=get("max_tokens_per_turn", None),
+                  max_observation_tokens=int(get("max_observation_tokens", 1024)),
+                  terminate_on_invalid_call=bool(get("terminate_on_invalid_call", True)),
+                  max_repeated_calls=int(get("max_repeated_calls", 3)),
+                  enable_thinking=bool(get("enable_thinking", False)), trace_dir=get("trace_dir", None))
+        args._awm_rollout_config = cfg
+        return cfg
+
+    def max_turns_at(self, step: int) -> int:
+        """The turn limit at training step `step`: fixed, or AgentGym-RL-style stepwise growth."""
+        if self.turn_schedule is None:
+            return self.max_turns
+        rounds, every = self.turn_schedule["rounds"], self.turn_schedule["every"]
+        return rounds[min(max(step, 0) // every, len(rounds) - 1)]
+
+
+@dataclass
+class Episode:
+    """What one rollout did, turn by turn: becomes the trace record and sample.metadata["awm"]."""
+
+    scenario: str
+    task_idx: int
+    task: str
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str = ""
+    final_answer: str | None = None
+    verdict: str | None = None
+    verdict_detail: str = ""
+    verifier_result: dict[str, Any] | None = None
+    infra_error: str | None = None
+    invalid_calls: int = 0
+    tool_calls: int = 0
+    drift_tokens: int = 0
+    timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0})
+
+    def summary(self) -> dict[str, Any]:
+        """The small part that travels with the sample (traces hold the rest)."""
+        return {"scenario": self.scenario, "task_idx": self.task_idx, "turns": len(self.turns),
+                "stop_reason": self.stop_reason, "verdict": self.verdict, "infra_error": self.infra_error,
+                "invalid_calls": self.invalid_calls, "tool_calls": self.tool_calls,
+                "drift_tokens": self.drift_tokens, "verifier_result": self.verifier_result,
+                "timings": self.timings}
+
+
+def _training_step(sample: Sample) -> int:
+    """The engine's weight version is the trainer's step (slime.train syncs weights as `str(step)`)."""
+    for version in reversed(sample.weight_versions or []):
+        try:
+            return int(version)
+        except (TypeError, ValueError):
+            continue
+    return 0
+
+
+class _Turns:
+    """Runs the tool calls of one model reply against the environment; owns repeat detection."""
+
+    def __init__(self, cfg: RolloutConfig, env: EnvSession, episode: Episode) -> None:
+        self.cfg, self.env, self.episode = cfg, env, episode
+        self.last_key: str | None = None
+        self.repeats = 0
+
+    async def run(self, parsed: protocol.ParsedReply) -> tuple[list[str], list[dict[str, Any]], str | None]:
+        """(observation texts, call records, stop reason or None)."""
+        calls = parsed.calls if self.cfg.calls_per_turn == "all" else parsed.calls[:1]
+        texts, records, stop = [], [], None
+        for call in calls:
+            if self.cfg.tool_mode == "meta" and isinstance(call, protocol.ToolCall):
+                call = protocol.resolve_meta_call(call)
+            if isinstance(call, protocol.InvalidCall):
+                self.episode.invalid_calls += 1
+                texts.append(protocol.invalid_call_text(call))
+                records.append({"invalid": call.reason, "raw": call.raw[:2000]})
+                if self.cfg.terminate_on_invalid_call:
+                    return texts, records, "invalid_call"
+                continue
+            key = call.key()
+            self.repeats = self.repeats + 1 if key == self.last_key else 1
+            self.last_key = key
+            started = time.perf_counter()
+            if self.cfg.tool_mode == "meta" and call.name == protocol.LIST_TOOLS:
+                result = ToolResult(protocol.tool_catalogue(self.env.tools), False)
+            else:
+                result = await self.env.call(call.name, call.arguments)
+                self.episode.tool_calls += 1
+            self.episode.timings["env_s"] += time.perf_counter() - started
+            text = f"Error: {result.text}" if result.is_error and not result.text.startswith("Error") else result.text
+            texts.append(text)
+            records.append({"name": call.name, "arguments": call.arguments, "is_error": result.is_error,
+                            "kind": result.kind})
+            if result.kind in ("invalid_arguments", "unknown_tool"):
+                self.episode.invalid_calls += 1
+                if self.cfg.terminate_on_invalid_call:
+                    return texts, records, "invalid_call"
+            if self.repeats >= self.cfg.max_repeated_calls:
+                return texts, records, "repeated_call"
+        return texts, records, stop
+
+
+def _truncate(encoder: ChatEncoder, text: str, limit: int) -> str:
+    ids = encoder.encode(text)
+    if len(ids) <= limit:
+        return text
+    return encoder.tok.decode(ids[:limit]) + TRUNCATION_MARKER.format(n=len(ids) - limit)
+
+
+Policy = Callable[[list[int], dict[str, Any]], Awaitable[dict[str, Any]]]
+"""A model turn: (input ids, sampling params) -> SGLang's /generate reply ({"meta_info": {...}})."""
+
+
+def engine_policy(args: argparse.Namespace, sample: Sample) -> Policy:
+    """The rollout engine (SGLang, or the CPU engine) behind slime's router address."""
+    url = f"{get_model_url(args, sample)}/generate"
+
+    async def turn(input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
+        return await post(url, {"input_ids": input_ids, "sampling_params": params, "return_logprob": True})
+
+    return turn
+
+
+async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any],
+                   evaluation: bool = False) -> Sample:
+    """slime custom generate function: one episode with the rollout engine as the policy."""
+    return await play(args, sample, sampling_params, engine_policy(args, sample), evaluation=evaluation)
+
+
+async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any], policy: Policy,
+               *, evaluation: bool = False) -> Sample:
+    """Play one episode of `sample.metadata`'s task with `policy`; see the module docstring."""
+    cfg = RolloutConfig.from_args(args)
+    meta = sample.metadata or {}
+    try:
+        scenario, task_idx = str(meta["scenario"]), int(meta["task_idx"])
+    except KeyError as exc:
+        raise ValueError(f"sample {sample.index} has no {exc.args[0]!r} in its metadata: prompts must come from "
+                         "awm_grpo.data_prep (metadata: scenario, task_idx, task)") from None
+    episode = Episode(scenario, task_idx, str(meta.get("task", "")))
+    env: EnvSession | None = None
+    try:
+        env = await open_env(cfg.env, scenario, task_idx)
+        await _play(args, cfg, sample, sampling_params, policy, env, episode)
+    except EnvInfraError as exc:
+        episode.infra_error = str(exc)
+        episode.stop_reason = episode.stop_reason or "infra_error"
+    finally:
+        if env is not None:
+            await env.close()
+    if episode.infra_error:
+        sample.status = Sample.Status.FAILED
+        sample.remove_sample = True
+    sample.metadata = {**meta, "awm": episode.summary()}
+    write_trace(cfg.trace_dir, "eval" if evaluation else "rollout", _training_step(sample), sample, episode)
+    return sample
+
+
+async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sampling_params: dict[str, Any],
+                policy: Policy, env: EnvSession, episode: Episode) -> None:
+    tokenizer = GenerateState(args).tokenizer
+    native = cfg.tool_mode == "native"
+    encoder = ChatEncoder(tokenizer, protocol.NATIVE_SYSTEM_PROMPT if native else protocol.META_SYSTEM_PROMPT,
+                          protocol.native_tool_schemas(env.tools) if native else None,
+                          {"enable_thinking": cfg.enable_thinking})
+    task = episode.task or (sample.prompt[-1]["content"] if isinstance(sample.prompt, list) else str(sample.prompt))
+    episode.task = task
+    prompt = encoder.prompt_ids(task)
+    # The rollout owns the prompt (system prompt and tools depend on the config and the environment).
+    sample.tokens, sample.response_length, sample.response = list(prompt), 0, ""
+    sample.loss_mask, sample.rollout_log_probs = [], []
+    episode.messages = [{"role": "user", "content": task}]
+    budget = args.rollout_max_response_len or sampling_params.get("max_new_tokens", 1024)
+    if args.rollout_max_context_len is not None:
+        budget = min(budget, args.rollout_max_context_len - len(prompt))
+    turns = _Turns(cfg, env, episode)
+    open_turn = False
+    while True:
+        left = budget - sample.response_length
+        if left <= 0:
+            sample.status, episode.stop_reason = Sample.Status.TRUNCATED, "context_budget"
+            break
+        params = dict(sampling_params, max_new_tokens=min(left, cfg.max_tokens_per_turn or left))
+        started = time.perf_counter()
+        output = await policy(list(sample.tokens), params)
+        episode.timings["generate_s"] += time.perf_counter() - started
+        info = output["meta_info"]
+        pairs = info.get("output_token_logprobs") or []
+        ids, logps = [int(p[1]) for p in pairs], [float(p[0]) for p in pairs]
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        sample.append_response_tokens(args, ids, logps, meta_info=info, text=text)
+        closed = bool(ids) and ids[-1] == encoder.end_of_turn_id
+        content = text[: -len(encoder.end_of_turn)] if closed and text.endswith(encoder.end_of_turn) else text
+        episode.messages.append({"role": "assistant", "content": content})
+        finish = (info.get("finish_reason") or {}).get("type")
+        turn: dict[str, Any] = {"turn": len(episode.turns) + 1, "assistant": content, "tokens": len(ids),
+                                "finish": finish}
+        episode.turns.append(turn)
+        open_turn = False
+        if finish == "abort":
+            episode.stop_reason = "engine_abort"
+            return  # ABORTED: slime regenerates the group; nothing to verify
+        parsed = protocol.parse_reply(content)
+        if parsed.is_final:
+            episode.final_answer, episode.stop_reason = content, "final_answer"
+            break
+        if finish == "length":  # a half-written call: the budget is gone
+            episode.stop_reason = "context_budget"
+            break
+        texts, records, stop = await turns.run(parsed)
+        turn["calls"] = records
+        turn["observations"] = texts
+        if any("name" in r for r in records):
+            turn["state"] = await env.state()
+        if stop is None and len(episode.turns) >= cfg.max_turns_at(_training_step(sample)):
+            stop = "max_turns"
+        if stop is not None:
+            episode.stop_reason = stop
+            break
+        texts = [_truncate(encoder, t, cfg.max_observation_tokens) for t in texts]
+        obs_ids = encoder.observation_ids(texts, model_closed_turn=closed)
+        if sample.response_length + len(obs_ids) >= budget:
+            sample.status, episode.stop_reason = Sample.Status.TRUNCATED, "context_budget"
+            break
+        sample.append_response_tokens(args, obs_ids, trainable=False, text=tokenizer.decode(obs_ids))
+        episode.messages += [{"role": "tool", "content": t} for t in texts]
+        open_turn = True
+    if sample.status == Sample.Status.PENDING:
+        sample.status = Sample.Status.COMPLETED
+    drift = encoder.drift(sample.tokens, episode.messages, open_turn=open_turn)
+    episode.drift_tokens = drift.mismatched_tokens
+    if episode.stop_reason == "invalid_call" and cfg.terminate_on_invalid_call:
+        episode.verdict = "format_error"  # terminated for format: the reward is the penalty, no verifier run
+        return
+    started = time.perf_counter()
+    verdict = await env.verify(episode.final_answer)
+    episode.timings["verify_s"] = time.perf_counter() - started
+    episode.verdict, episode.verdict_detail, episode.verifier_result = verdict.verdict, verdict.detail, verdict.result
+    if verdict.infra_failure:
+        episode.infra_error = f"verifier {verdict.verdict}: {verdict.detail[:500]}"

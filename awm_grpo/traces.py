@@ -1,0 +1,216 @@
+"""Trajectory traces and rollout metrics: every episode auditable and replayable from JSONL.
+
+The rollout keeps each episode's full record in `sample.metadata["awm_trace"]` and appends a short
+line to `<trace_dir>/live.jsonl` as soon as the episode ends (the live view). After each step the
+slime hooks below write the records, now with rewards, to `<trace_dir>/rollout_<step>.jsonl` (or
+`eval_<step>.jsonl`), drop them from the samples (so trajectories never travel to the trainer), clear
+the live file and return the step's metrics:
+
+    --custom-rollout-log-function-path awm_grpo.traces.log_rollout
+    --custom-eval-rollout-log-function-path awm_grpo.traces.log_eval
+
+A record: scenario, task_idx, task, task_type, group/sample index, status, reward, verdict, stop
+reason, messages, per turn the model text, the calls with arguments, observations, and after each
+turn that ran a tool the DB state hash and a per-table summary of changes since the initial DB;
+timings (generate / env / verify seconds); weight version.
+
+    python -m awm_grpo.traces summary RUN/traces            # success by scenario and task type
+    python -m awm_grpo.traces watch RUN/traces              # follow episodes as they finish
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+LIVE_FILE = "live.jsonl"
+TRACE_KEY = "awm_trace"
+
+
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    """One write of one line with O_APPEND: concurrent writers never interleave within a line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(record, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def write_trace(trace_dir: str | None, kind: str, step: int, sample: Any, episode: Any) -> None:
+    """Attach the episode record to the sample and announce it on the live view."""
+    record = {
+        "kind": kind, "step": step, "scenario": episode.scenario, "task_idx": episode.task_idx,
+        "task": episode.task, "task_type": (sample.metadata or {}).get("task_type"),
+        "group_index": sample.group_index, "index": sample.index, "status": sample.status.value,
+        "verdict": episode.verdict, "stop_reason": episode.stop_reason, "infra_error": episode.infra_error,
+        "final_answer": episode.final_answer, "invalid_calls": episode.invalid_calls,
+        "tool_calls": episode.tool_calls, "drift_tokens": episode.drift_tokens,
+        "verifier_result": episode.verifier_result, "verifier_detail": episode.verdict_detail[:2000],
+        "response_length": sample.response_length, "weight_versions": list(sample.weight_versions or []),
+        "timings": episode.timings, "turns": episode.turns, "messages": episode.messages,
+    }
+    sample.metadata[TRACE_KEY] = record
+    if trace_dir:
+        _append_line(Path(trace_dir) / LIVE_FILE, {
+            "time": time.time(), "kind": kind, "step": step, "scenario": episode.scenario,
+            "task_idx": episode.task_idx, "turns": len(episode.turns), "verdict": episode.verdict,
+            "stop_reason": episode.stop_reason, "infra_error": episode.infra_error})
+
+
+def _reward(args: argparse.Namespace, sample: Any) -> float | None:
+    try:
+        return float(sample.get_reward_value(args))
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def _flush(args: argparse.Namespace, samples: Iterable[Any], name: str) -> list[dict[str, Any]]:
+    """Write the samples' records (with rewards) to `<trace_dir>/<name>.jsonl` and detach them."""
+    records = []
+    for sample in samples:
+        record = (sample.metadata or {}).pop(TRACE_KEY, None)
+        if record is None:
+            continue
+        record["reward"] = _reward(args, sample)
+        records.append(record)
+    trace_dir = getattr(args, "awm_trace_dir", None)
+    if trace_dir and records:
+        path = Path(trace_dir) / f"{name}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            for record in records:
+                f.write(json.dumps(record, default=str) + "\n")
+        (Path(trace_dir) / LIVE_FILE).unlink(missing_ok=True)
+    return records
+
+
+def episode_metrics(records: Sequence[dict[str, Any]], prefix: str) -> dict[str, float]:
+    """Success and behaviour figures; infrastructure failures are counted, not scored."""
+    out: dict[str, float] = {f"{prefix}/episodes": float(len(records))}
+    if not records:
+        return out
+    infra = [r for r in records if r.get("infra_error")]
+    valid = [r for r in records if not r.get("infra_error")]
+    out[f"{prefix}/infra_failures"] = float(len(infra))
+    out[f"{prefix}/infra_failure_rate"] = len(infra) / len(records)
+    if not valid:
+        return out
+    n = len(valid)
+    out[f"{prefix}/success_rate"] = sum(r.get("verdict") == "complete" for r in valid) / n
+    out[f"{prefix}/turns_mean"] = sum(len(r.get("turns") or []) for r in valid) / n
+    out[f"{prefix}/tool_calls_mean"] = sum(r.get("tool_calls", 0) for r in valid) / n
+    out[f"{prefix}/invalid_call_rate"] = sum(r.get("invalid_calls", 0) > 0 for r in valid) / n
+    out[f"{prefix}/drift_rate"] = sum(r.get("drift_tokens", 0) > 0 for r in valid) / n
+    for reason, count in Counter(r.get("stop_reason") or "none" for r in valid).items():
+        out[f"{prefix}/stop/{reason}"] = count / n
+    for key in ("generate_s", "env_s", "verify_s"):
+        out[f"{prefix}/time/{key}"] = sum((r.get("timings") or {}).get(key, 0.0) for r in valid) / n
+    by_type: dict[str, list[bool]] = defaultdict(list)
+    for r in valid:
+        by_type[r.get("task_type") or "unlabelled"].append(r.get("verdict") == "complete")
+    for task_type, wins in by_type.items():
+        out[f"{prefix}/success_rate/{task_type}"] = sum(wins) / len(wins)
+    return out
+
+
+def log_rollout(rollout_id: int, args: argparse.Namespace, samples: Sequence[Any], rollout_extra_metrics: Any = None,
+                rollout_time: float | None = None) -> dict[str, float]:
+    """slime hook after each training rollout: write traces, return metrics (merged by slime.train)."""
+    records = _flush(args, samples, f"rollout_{rollout_id:06d}")
+    return episode_metrics(records, "awm")
+
+
+def log_eval(rollout_id: int, args: argparse.Namespace, data: dict[str, Any], extra_metrics: Any = None) -> dict[str, float]:
+    """slime hook after each evaluation: traces per eval set and success by task type."""
+    metrics: dict[str, float] = {}
+    for name, result in data.items():
+        records = _flush(args, result.get("samples") or [], f"eval_{name}_{rollout_id:06d}")
+        metrics.update(episode_metrics(records, f"eval_awm/{name}"))
+    return metrics
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+
+def read_records(trace_dir: str | Path, pattern: str = "*.jsonl") -> list[dict[str, Any]]:
+    records = []
+    for path in sorted(Path(trace_dir).glob(pattern)):
+        if path.name == LIVE_FILE:
+            continue
+        with open(path) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return records
+
+
+def success_table(records: Sequence[dict[str, Any]], key: str) -> list[tuple[str, int, int, int]]:
+    """(group, episodes, successes, infra failures) per value of `key`."""
+    rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for r in records:
+        row = rows[str(r.get(key) or "unlabelled")]
+        if r.get("infra_error"):
+            row[2] += 1
+            continue
+        row[0] += 1
+        row[1] += r.get("verdict") == "complete"
+    return [(k, *v) for k, v in sorted(rows.items())]
+
+
+def _print_table(title: str, rows: list[tuple[str, int, int, int]]) -> None:
+    print(f"{title:<28} {'episodes':>8} {'success':>8} {'rate':>6} {'infra':>6}")
+    for name, n, wins, infra in rows:
+        rate = f"{wins / n:.2f}" if n else "-"
+        print(f"{name:<28} {n:>8} {wins:>8} {rate:>6} {infra:>6}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m awm_grpo.traces", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sp = sub.add_parser("summary", help="success rate by scenario and task type from trace files")
+    sp.add_argument("trace_dir")
+    sp.add_argument("--pattern", default="*.jsonl", help="which files, e.g. 'eval_*.jsonl' (default: all)")
+    sp = sub.add_parser("watch", help="print episodes as they finish (reads live.jsonl), Ctrl-C to stop")
+    sp.add_argument("trace_dir")
+    sp.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    if args.command == "summary":
+        records = read_records(args.trace_dir, args.pattern)
+        if not records:
+            print(f"no trace records under {args.trace_dir} matching {args.pattern}", file=sys.stderr)
+            return 1
+        _print_table("scenario", success_table(records, "scenario"))
+        print()
+        _print_table("task type", success_table(records, "task_type"))
+        return 0
+    live = Path(args.trace_dir) / LIVE_FILE
+    offset, done = 0, Counter()
+    try:
+        while True:
+            if live.exists():
+                if live.stat().st_size < offset:
+                    offset = 0  # a new step started a fresh live file
+                with open(live) as f:
+                    f.seek(offset)
+                    for line in f:
+                        r = json.loads(line)
+                        done[r.get("verdict") or r.get("stop_reason")] += 1
+                        print(f"step {r['step']:>4} {r['kind']:<7} {r['scenario']}#{r['task_idx']:<3} "
+                              f"turns={r['turns']:<3} {r.get('verdict') or '-':<12} {r['stop_reason']}"
+                              + (f" INFRA: {r['infra_error'][:80]}" if r.get("infra_error") else ""), flush=True)
+                    offset = f.tell()
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        print("seen:", dict(done))
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
