@@ -296,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--scenarios", nargs="*")
     sp.add_argument("--workers", type=int, default=None)
     sp.set_defaults(func=cmd_demo)
+
+    from awm.gen.cli import add_gen_parser
+    add_gen_parser(sub)
     return p
 
 

@@ -1,9 +1,11 @@
-"""A small client for OpenAI-compatible chat endpoints, shared by the sql-mode judge and synthesis.
+"""A small client for OpenAI-compatible endpoints, shared by the sql-mode judge and synthesis.
 
-One POST to `{base_url}/chat/completions` per call, with retries and exponential backoff for the
-failures that retrying can fix (connection errors, timeouts, 408/409/425/429, 5xx, unreadable
-bodies) and none for the ones it cannot (other 4xx). Concurrency is limited per client, by a
-number the caller passes in: no process-wide state.
+One POST to `{base_url}/chat/completions` (or `/embeddings`) per call, with retries and
+exponential backoff for the failures that retrying can fix (connection errors, timeouts,
+408/409/425/429, 5xx, unreadable bodies) and none for the ones it cannot (other 4xx).
+Concurrency is limited per client, by a number the caller passes in: no process-wide state.
+Each client keeps a `UsageMeter` (requests, retried attempts, tokens) so a long job can report
+what it spent.
 """
 
 import asyncio
@@ -11,7 +13,8 @@ import dataclasses
 import logging
 import os
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import httpx
 
@@ -19,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+T = TypeVar("T")
 
 
 class LLMError(RuntimeError):
@@ -34,6 +38,27 @@ class ChatReply:
     model: str = ""
     finish_reason: str | None = None
     reasoning: str = ""  # `reasoning_content`, where a server splits reasoning out (vLLM, SGLang)
+
+
+@dataclasses.dataclass
+class UsageMeter:
+    """What one client has spent: successful requests, retried attempts, tokens (as the server reports them)."""
+
+    requests: int = 0
+    retried_attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def add(self, usage: dict[str, int]) -> None:
+        self.requests += 1
+        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.total_tokens += usage.get("total_tokens", prompt + completion)
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
 
 
 class ChatClient:
@@ -72,6 +97,7 @@ class ChatClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http: httpx.AsyncClient | None = None
         self._limit: asyncio.Semaphore | None = None
+        self.meter = UsageMeter()
 
     def _session(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore | None]:
         """The connection pool and limiter of the running loop (both are bound to one loop)."""
@@ -95,15 +121,31 @@ class ChatClient:
         body = {"model": params.pop("model", None) or self.model, "messages": messages, **params}
         if not body["model"]:
             raise ValueError("no model for the chat request: pass model= or set OPENAI_MODEL")
-        url = f"{self.base_url}/chat/completions"
+        reply = await self._post("/chat/completions", body, _parse_reply)
+        self.meter.add(reply.usage)
+        return reply
+
+    async def embed(self, texts: list[str], model: str | None = None) -> list[list[float]]:
+        """Embedding vectors of `texts` (in order) from `{base_url}/embeddings`."""
+        body = {"model": model or self.model, "input": list(texts)}
+        if not body["model"]:
+            raise ValueError("no model for the embeddings request: pass model=")
+        vectors, usage = await self._post("/embeddings", body, _parse_embeddings)
+        if len(vectors) != len(texts):
+            raise LLMError(f"{self.base_url}/embeddings returned {len(vectors)} vectors for {len(texts)} inputs")
+        self.meter.add(usage)
+        return vectors
+
+    async def _post(self, path: str, body: dict[str, Any], parse: Callable[[Any], T]) -> T:
+        """POST `body` with retries; `parse` turns the JSON reply into the result (raising = unreadable)."""
+        url = f"{self.base_url}{path}"
         http, limit = self._session()
         problem, retry_after = "", None
         for attempt in range(self.retries + 1):
             if attempt:
+                self.meter.retried_attempts += 1
                 delay = self._delay(attempt, retry_after)
-                logger.warning(
-                    "chat request to %s failed (%s); retry %d in %.2f s", url, problem, attempt, delay
-                )
+                logger.warning("request to %s failed (%s); retry %d in %.2f s", url, problem, attempt, delay)
                 await asyncio.sleep(delay)
             retry_after = None
             try:
@@ -117,7 +159,7 @@ class ChatClient:
                 continue
             if response.status_code == 200:
                 try:
-                    return _parse_reply(response.json())
+                    return parse(response.json())
                 except (ValueError, KeyError, IndexError, TypeError) as exc:
                     problem = f"unreadable reply body ({type(exc).__name__}: {exc}): {response.text[:200]!r}"
                     continue
@@ -152,6 +194,13 @@ def _parse_reply(data: dict[str, Any]) -> ChatReply:
         finish_reason=choice.get("finish_reason"),
         reasoning=message.get("reasoning_content") or "",
     )
+
+
+def _parse_embeddings(data: dict[str, Any]) -> tuple[list[list[float]], dict[str, int]]:
+    rows = sorted(data["data"], key=lambda row: row.get("index", 0))
+    vectors = [[float(x) for x in row["embedding"]] for row in rows]
+    usage = {key: value for key, value in (data.get("usage") or {}).items() if isinstance(value, int)}
+    return vectors, usage
 
 
 def _retry_after(response: httpx.Response) -> float | None:
