@@ -140,7 +140,7 @@ def _training_step(sample: Sample) -> int:
     return 0
 
 
-class _Turns:
+class ToolRunner:
     """Runs the tool calls of one model reply against the environment; owns repeat detection."""
 
     def __init__(self, cfg: RolloutConfig, env: EnvSession, episode: Episode) -> None:
@@ -258,7 +258,7 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
     budget = args.rollout_max_response_len or sampling_params.get("max_new_tokens", 1024)
     if args.rollout_max_context_len is not None:
         budget = min(budget, args.rollout_max_context_len - len(prompt))
-    turns = _Turns(cfg, env, episode)
+    turns = ToolRunner(cfg, env, episode)
     open_turn = False
     while True:
         left = budget - sample.response_length
@@ -276,31 +276,12 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         sample.append_response_tokens(args, ids, logps, meta_info=info, text=text)
         closed = bool(ids) and ids[-1] == encoder.end_of_turn_id
         content = text[: -len(encoder.end_of_turn)] if closed and text.endswith(encoder.end_of_turn) else text
-        episode.messages.append({"role": "assistant", "content": content})
         finish = (info.get("finish_reason") or {}).get("type")
-        turn: dict[str, Any] = {"turn": len(episode.turns) + 1, "assistant": content, "tokens": len(ids),
-                                "finish": finish}
-        episode.turns.append(turn)
+        stop, texts = await model_turn(cfg, turns, content, finish, len(ids), _training_step(sample))
         open_turn = False
-        if finish == "abort":
-            episode.stop_reason = "engine_abort"
+        if stop == "engine_abort":
             return  # ABORTED: slime regenerates the group; nothing to verify
-        parsed = protocol.parse_reply(content)
-        if parsed.is_final:
-            episode.final_answer, episode.stop_reason = content, "final_answer"
-            break
-        if finish == "length":  # a half-written call: the budget is gone
-            episode.stop_reason = "context_budget"
-            break
-        texts, records, stop = await turns.run(parsed)
-        turn["calls"] = records
-        turn["observations"] = texts
-        if any("name" in r for r in records):
-            turn["state"] = await env.state()
-        if stop is None and len(episode.turns) >= cfg.max_turns_at(_training_step(sample)):
-            stop = "max_turns"
         if stop is not None:
-            episode.stop_reason = stop
             break
         texts = [_truncate(encoder, t, cfg.max_observation_tokens) for t in texts]
         obs_ids = encoder.observation_ids(texts, model_closed_turn=closed)
@@ -314,6 +295,44 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         sample.status = Sample.Status.COMPLETED
     drift = encoder.drift(sample.tokens, episode.messages, open_turn=open_turn)
     episode.drift_tokens = drift.mismatched_tokens
+    await verify(cfg, env, episode)
+
+
+async def model_turn(cfg: RolloutConfig, turns: ToolRunner, content: str, finish: str | None, n_tokens: int,
+                     step: int) -> tuple[str | None, list[str]]:
+    """Record one model reply and run its calls: (stop reason, or None to go on; observation texts).
+
+    Shared by the token rollout and the chat-level evaluation (awm_grpo.eval), so both apply the
+    same protocol and stop conditions.
+    """
+    episode = turns.episode
+    episode.messages.append({"role": "assistant", "content": content})
+    turn: dict[str, Any] = {"turn": len(episode.turns) + 1, "assistant": content, "tokens": n_tokens,
+                            "finish": finish}
+    episode.turns.append(turn)
+    if finish == "abort":
+        episode.stop_reason = "engine_abort"
+        return episode.stop_reason, []
+    parsed = protocol.parse_reply(content)
+    if parsed.is_final:
+        episode.final_answer, episode.stop_reason = content, "final_answer"
+        return episode.stop_reason, []
+    if finish == "length":  # a half-written call: the budget is gone
+        episode.stop_reason = "context_budget"
+        return episode.stop_reason, []
+    texts, records, stop = await turns.run(parsed)
+    turn["calls"], turn["observations"] = records, texts
+    if any("name" in r for r in records):
+        turn["state"] = await turns.env.state()
+    if stop is None and len(episode.turns) >= cfg.max_turns_at(step):
+        stop = "max_turns"
+    if stop is not None:
+        episode.stop_reason = stop
+    return stop, texts
+
+
+async def verify(cfg: RolloutConfig, env: EnvSession, episode: Episode) -> None:
+    """Run the task's verifier on the final state, unless the episode ended on a format violation."""
     if episode.stop_reason == "invalid_call" and cfg.terminate_on_invalid_call:
         episode.verdict = "format_error"  # terminated for format: the reward is the penalty, no verifier run
         return

@@ -164,7 +164,7 @@ def success_table(records: Sequence[dict[str, Any]], key: str) -> list[tuple[str
     return [(k, *v) for k, v in sorted(rows.items())]
 
 
-def _print_table(title: str, rows: list[tuple[str, int, int, int]]) -> None:
+def print_table(title: str, rows: list[tuple[str, int, int, int]]) -> None:
     print(f"{title:<28} {'episodes':>8} {'success':>8} {'rate':>6} {'infra':>6}")
     for name, n, wins, infra in rows:
         rate = f"{wins / n:.2f}" if n else "-"
@@ -186,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         if not records:
             print(f"no trace records under {args.trace_dir} matching {args.pattern}", file=sys.stderr)
             return 1
-        _print_table("scenario", success_table(records, "scenario"))
+        print_table("scenario", success_table(records, "scenario"))
         print()
-        _print_table("task type", success_table(records, "task_type"))
+        print_table("task type", success_table(records, "task_type"))
         return 0
     live = Path(args.trace_dir) / LIVE_FILE
     offset, done = 0, Counter()

@@ -1,0 +1,187 @@
+"""Warm start: supervised fine-tuning on reference solutions, played through the real rollout.
+
+A small model built from scratch never writes a well-formed tool call, so RL on it starts at zero
+reward and learns nothing. This stage gives the embedded CPU default a non-zero start:
+
+1. every train-split task that has a reference solution (the bundled scenarios ship one per task)
+   is played by `awm_grpo.rollout.play` with a *teacher policy* that emits the solution's replies
+   (list_tools, the calls, the final answer) - so the SFT tokens, chat-template deltas and real
+   tool observations are exactly what the RL rollout will produce, and the verifier must say
+   `complete` on each (a solution that does not verify is dropped and reported);
+2. the model is trained with masked next-token loss on the model tokens (loss mask 1 only);
+3. the result is saved as a Hugging Face folder, the recipe's `--hf-checkpoint`.
+
+    python -m awm_grpo.warmstart --data runs/awm_grpo/splits --out runs/awm_grpo/models/tiny-awm-sft
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from awm_grpo import protocol
+from awm_grpo.rollout import Policy, play
+from slime.arguments import parse_args
+from slime.rollout.sglang_rollout import GenerateState
+from slime.utils.types import Sample
+
+logger = logging.getLogger("awm_grpo.warmstart")
+
+# The small architecture of the embedded default (about 3.4M parameters with the 4,096-token vocab):
+# big enough to imitate the reference trajectories, small enough to train and serve on 2 cores.
+SMALL_CONFIG = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 8192}
+
+
+def reference_replies(solution: Any, tool_mode: str) -> list[str]:
+    """The replies a perfect agent writes for a reference solution, in the rollout's call format."""
+    def block(name: str, arguments: dict[str, Any]) -> str:
+        return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+    if tool_mode == "native":
+        replies = [block(c["tool"], c["arguments"]) for c in solution.calls]
+    else:
+        replies = [block(protocol.LIST_TOOLS, {})]
+        replies += [block(protocol.CALL_TOOL, {"tool_name": c["tool"], "arguments": c["arguments"]})
+                    for c in solution.calls]
+    return replies + [solution.final_answer or "Done."]
+
+
+def teacher_policy(tokenizer: Any, replies: list[str]) -> Policy:
+    """Answers each model turn with the next scripted reply, closed by the end-of-turn token."""
+    end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    queue = list(replies)
+
+    async def turn(input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
+        text = queue.pop(0) if queue else "Done."
+        ids = list(tokenizer.encode(text, add_special_tokens=False)) + [end_id]
+        limit = params.get("max_new_tokens", len(ids))
+        finish = {"type": "stop"} if len(ids) <= limit else {"type": "length"}
+        ids = ids[:limit]
+        return {"meta_info": {"output_token_logprobs": [[0.0, i, None] for i in ids], "finish_reason": finish,
+                              "weight_version": "teacher"}}
+
+    return turn
+
+
+async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_dir: str | None) -> list[Sample]:
+    """Play every prompt's reference solution; keep the episodes the verifier accepts."""
+    from awm.solutions import load_solutions
+
+    solutions = load_solutions(data_dir)
+    tokenizer = GenerateState(args).tokenizer
+    kept, dropped = [], []
+    for i, record in enumerate(tqdm(prompts, desc="reference episodes", file=sys.stderr)):
+        meta = record["metadata"]
+        solution = solutions.get((meta["scenario"], meta["task_idx"]))
+        if solution is None:
+            dropped.append((meta["scenario"], meta["task_idx"], "no reference solution"))
+            continue
+        sample = Sample(index=i, group_index=i, prompt=record["text"], metadata=dict(meta))
+        policy = teacher_policy(tokenizer, reference_replies(solution, args.awm_tool_mode))
+        sample = await play(args, sample, {"max_new_tokens": args.rollout_max_response_len}, policy)
+        awm = sample.metadata["awm"]
+        if awm["verdict"] != "complete":
+            dropped.append((meta["scenario"], meta["task_idx"], f"{awm['verdict']} ({awm['stop_reason']})"))
+            continue
+        sample.metadata.pop("awm_trace", None)
+        kept.append(sample)
+    for scenario, task_idx, why in dropped:
+        logger.warning("no SFT example for %s#%d: %s", scenario, task_idx, why)
+    return kept
+
+
+def sft(model: torch.nn.Module, samples: list[Sample], *, epochs: int, lr: float, seed: int) -> list[float]:
+    """Masked next-token loss on model tokens: L = -sum_t m_t log p(x_t | x_<t) / sum_t m_t, per sample."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    order = list(range(len(samples)))
+    bar = tqdm(range(epochs), desc="sft epochs", file=sys.stderr)
+    for _ in bar:
+        rng.shuffle(order)
+        total = 0.0
+        for i in order:
+            s = samples[i]
+            ids = torch.tensor([s.tokens])
+            prompt_len = len(s.tokens) - s.response_length
+            mask = torch.tensor([0] * prompt_len + list(s.loss_mask), dtype=torch.float32)[1:]
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
+            loss = (nll * mask).sum() / mask.sum().clamp(min=1)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            total += loss.item()
+        losses.append(total / max(len(order), 1))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    return losses
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m awm_grpo.warmstart", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="splits folder of awm_grpo.data_prep (uses train.jsonl)")
+    parser.add_argument("--out", required=True, help="where to write the fine-tuned HF model folder")
+    parser.add_argument("--base", default=None, help="HF model folder to start from (default: build the small "
+                        "from-scratch model of the embedded default with slime.models.tiny)")
+    parser.add_argument("--data-dir", default=None, help="AWM data folder with reference_solutions.jsonl "
+                        "(default: the bundled scenarios)")
+    parser.add_argument("--tool-mode", default="meta", choices=["meta", "native"])
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--max-response-len", type=int, default=4096)
+    parser.add_argument("--max-observation-tokens", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=0)
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.manual_seed(opts.seed)
+    out = Path(opts.out)
+    base = opts.base
+    if base is None:
+        from slime.models.tiny import build_tiny_model
+
+        base = str(build_tiny_model(out.parent / "small-base", seed=opts.seed, config_overrides=SMALL_CONFIG))
+    train = Path(opts.data) / "train.jsonl"
+    if not train.is_file():
+        raise SystemExit(f"{train} does not exist: write the splits first with `python -m awm_grpo.data_prep --out "
+                         f"{opts.data}`")
+    prompts = [json.loads(line) for line in train.read_text().splitlines() if line.strip()]
+    args = parse_args(["--hf-checkpoint", base, "--prompt-data", str(train), "--rollout-batch-size", "1",
+                       "--num-rollout", "1", "--rollout-max-response-len", str(opts.max_response_len)])
+    args.awm_tool_mode, args.awm_data_dir = opts.tool_mode, opts.data_dir
+    args.awm_max_observation_tokens, args.awm_max_turns = opts.max_observation_tokens, 64
+    started = time.perf_counter()
+    samples = asyncio.run(collect(args, prompts, opts.data_dir))
+    if not samples:
+        raise SystemExit("no reference episode verified: nothing to fine-tune on")
+    tokens = sum(len(s.tokens) for s in samples)
+    logger.info("%d SFT episodes (%d tokens) in %.1fs", len(samples), tokens, time.perf_counter() - started)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    losses = sft(model, samples, epochs=opts.epochs, lr=opts.lr, seed=opts.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    GenerateState(args).tokenizer.save_pretrained(out)
+    (out / "warmstart.json").write_text(json.dumps({"base": base, "episodes": len(samples), "tokens": tokens,
+                                                    "epochs": opts.epochs, "lr": opts.lr, "losses": losses,
+                                                    "tool_mode": opts.tool_mode}, indent=1))
+    logger.info("saved %s (loss %.3f -> %.3f)", out, losses[0], losses[-1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
