@@ -1,0 +1,401 @@
+"""Executable intermediate predicates of a task: the record, its evaluation, its extraction from a trace.
+
+A predicate is one SQL query run on a read-only connection plus a check on its rows; an exception
+(missing table, bad SQL, timeout) counts as unmet. Satisfaction phi_i(s) in [0, 1]:
+
+    binary  exists     phi = 1[rows != []]              not_exists  phi = 1[rows == []]
+            count_eq   phi = 1[len(rows) == N]          count_gte   phi = 1[len(rows) >= N]
+            value_eq   phi = 1[single value == v*]      rows_equal  phi = 1[sha256(sorted rows) == h]
+    scalar  distance   phi = max(0, 1 - |v(s) - v*| / (|v(s0) - v*| + eps))
+
+Roles: a "progress" predicate is unmet on the initial DB s0 and met on the reference final state;
+a "preservation" predicate is met on both (kept apart: destructive-step metrics need them).
+
+Extraction (`extract`) turns the statements a traced verifier ran on the final DB into
+candidates, by comparing each statement's rows on s0 and on two independent replays of the
+reference solution (A and B, run at different times): whole-table reads (`SELECT * FROM t`, the
+`table()`/`diff()` helpers) become row-level predicates restricted to the columns the verifier
+names; other reads become exists / not_exists / count / value / rows predicates; values that
+differ between A and B (clock columns, random tokens) are never used as targets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import sqlite3
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from awm.verifier_analysis import StaticInfo, required_count, variables_of
+
+CHECKS = {"exists", "not_exists", "count_eq", "count_gte", "value_eq", "rows_equal", "distance"}
+ROLES = {"progress", "preservation"}
+EPS = 1e-6
+VALUE_TOL = 1e-6
+_WHOLE_TABLE = re.compile(r"^\s*SELECT\s+\*\s+FROM\s+\"?([A-Za-z_][A-Za-z0-9_]*)\"?\s*;?\s*$", re.IGNORECASE)
+_SQL_START = re.compile(r"^\s*(SELECT|WITH)\b", re.IGNORECASE)
+
+
+class PredicateError(ValueError):
+    """A predicate record is malformed; the message names the field."""
+
+
+@dataclass
+class Predicate:
+    """One executable condition (see the module docstring for `check` semantics)."""
+
+    id: str
+    sql: str
+    check: str
+    expected: Any = None
+    initial_value: Any = None
+    kind: str = "binary"  # "binary" | "scalar"
+    role: str = "progress"
+    source: str = "trace"  # trace | table_diff | static_len | llm
+    table: str | None = None
+    executable: bool = True
+    replay: str = "ok"  # "ok" (held on two reference replays) | "unreplayed"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Predicate:
+        """Validate and build; rejects instead of guessing (recovery-method section 2)."""
+        for key in ("id", "sql", "check"):
+            if not isinstance(d.get(key), str) or not d[key]:
+                raise PredicateError(f"predicate field {key!r} must be a non-empty string, got {d.get(key)!r}")
+        if d["check"] not in CHECKS:
+            raise PredicateError(f"predicate {d['id']}: check {d['check']!r} is not one of {sorted(CHECKS)}")
+        if d.get("role", "progress") not in ROLES:
+            raise PredicateError(f"predicate {d['id']}: role {d.get('role')!r} is not one of {sorted(ROLES)}")
+        kind = "scalar" if d["check"] == "distance" else "binary"
+        if d.get("kind", kind) != kind:
+            raise PredicateError(f"predicate {d['id']}: check {d['check']} has kind {kind}, record says {d['kind']}")
+        if d["check"] == "distance" and not (_is_number(d.get("expected")) and _is_number(d.get("initial_value"))):
+            raise PredicateError(f"predicate {d['id']}: a distance predicate needs numeric expected and initial_value")
+        if d["check"] in ("count_eq", "count_gte") and not isinstance(d.get("expected"), int):
+            raise PredicateError(f"predicate {d['id']}: {d['check']} needs an integer expected count")
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{**{k: v for k, v in d.items() if k in known}, "kind": kind})
+
+
+@dataclass
+class TaskPredicates:
+    """The predicate set of one task and how it was validated."""
+
+    scenario: str
+    task_idx: int
+    predicates: list[Predicate] = field(default_factory=list)  # progress
+    preservation: list[Predicate] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    task_type: str = "ambiguous"
+    replayed: bool = False
+    replay_ok: bool | None = None  # every kept predicate held on both replays (None: not replayed)
+    phi_initial: float | None = None
+    phi_reference: float | None = None
+    phi_wrong: float | None = None
+    verdict_reference: str | None = None
+    verdict_wrong: str | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["predicates"] = [p.to_dict() for p in self.predicates]
+        d["preservation"] = [p.to_dict() for p in self.preservation]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TaskPredicates:
+        known = {f for f in cls.__dataclass_fields__}
+        out = cls(**{k: v for k, v in d.items() if k in known})
+        out.predicates = [Predicate.from_dict(p) for p in d.get("predicates", [])]
+        out.preservation = [Predicate.from_dict(p) for p in d.get("preservation", [])]
+        return out
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def rows_digest(rows: list[tuple]) -> str:
+    """Order-free digest of a result set (rows sorted by their repr)."""
+    text = json.dumps(sorted((list(r) for r in rows), key=repr), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_query(db_path: str | Path, sql: str, *, timeout_s: float = 2.0) -> list[tuple]:
+    """Rows of `sql` on a read-only connection; raises sqlite3.Error (also when past `timeout_s`)."""
+    conn = sqlite3.connect(f"file:{Path(db_path).resolve()}?mode=ro", uri=True)
+    deadline = time.monotonic() + timeout_s
+    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    try:
+        return [tuple(r) for r in conn.execute(sql).fetchall()]
+    finally:
+        conn.close()
+
+
+def phi_of_rows(pred: Predicate, rows: list[tuple] | None) -> float:
+    """phi_i in [0, 1] from a query's rows (None: the query failed -> unmet)."""
+    if rows is None:
+        return 0.0
+    c, e = pred.check, pred.expected
+    if c == "exists":
+        return float(bool(rows))
+    if c == "not_exists":
+        return float(not rows)
+    if c == "count_eq":
+        return float(len(rows) == e)
+    if c == "count_gte":
+        return float(len(rows) >= e)
+    if c == "rows_equal":
+        return float(rows_digest(rows) == e)
+    single = rows[0][0] if len(rows) == 1 and len(rows[0]) == 1 else _Missing
+    if c == "value_eq":
+        return float(single is not _Missing and _same(single, e))
+    if c == "distance":
+        if not _is_number(single):
+            return 0.0
+        return max(0.0, 1.0 - abs(single - e) / (abs(pred.initial_value - e) + EPS))
+    raise PredicateError(f"unknown check {c!r}")
+
+
+class _Missing:
+    pass
+
+
+def _same(a: Any, b: Any) -> bool:
+    if _is_number(a) and _is_number(b):
+        return abs(a - b) <= VALUE_TOL
+    return a == b
+
+
+def evaluate(db_path: str | Path, predicates: list[Predicate]) -> list[float]:
+    """phi_i(s) of every predicate on one DB state (exceptions count as unmet)."""
+    out = []
+    for p in predicates:
+        try:
+            rows = run_query(db_path, p.sql)
+        except sqlite3.Error:
+            rows = None
+        out.append(phi_of_rows(p, rows))
+    return out
+
+
+# ---- extraction from a traced verifier run ------------------------------------------------------
+def _lit(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(int(v))
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, bytes):
+        return f"X'{v.hex()}'"
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+def _where(col: str, v: Any) -> str:
+    return f'"{col}" IS NULL' if v is None else f'"{col}" = {_lit(v)}'
+
+
+def _id_like(col: str) -> bool:
+    c = col.lower()
+    return c == "id" or c.endswith("_id")
+
+
+def _try_rows(db: Path, sql: str) -> list[tuple] | None:
+    try:
+        return run_query(db, sql)
+    except sqlite3.Error:
+        return None
+
+
+def _table_rows(db: Path, table: str) -> tuple[list[str], list[str], dict[tuple, dict[str, Any]]]:
+    conn = sqlite3.connect(f"file:{db.resolve()}?mode=ro", uri=True)
+    try:
+        info = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
+        cols = [c[1] for c in info]
+        pk = [c[1] for c in sorted(info, key=lambda c: c[5]) if c[5] > 0]
+        if not pk:
+            return cols, [], {}
+        cur = conn.execute(f'SELECT * FROM "{table}"')
+        keyed = {}
+        for r in cur.fetchall():
+            row = dict(zip(cols, r, strict=True))
+            keyed[tuple(row[c] for c in pk)] = row
+        return cols, pk, keyed
+    finally:
+        conn.close()
+
+
+class _Builder:
+    """Collects candidates for one task; `drop(reason)` counts what was rejected and why."""
+
+    def __init__(self) -> None:
+        self.candidates: list[Predicate] = []
+        self.dropped: Counter[str] = Counter()
+        self._sql: set[tuple[str, str]] = set()
+
+    def add(self, **kw: Any) -> None:
+        key = (kw["sql"], kw["check"])
+        if key not in self._sql:
+            self._sql.add(key)
+            self.candidates.append(Predicate(id=f"c{len(self.candidates) + 1}", **kw))
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] += n
+
+
+def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: StaticInfo) -> None:
+    """Row-level predicates for a whole-table read that the reference solution changed."""
+    cols, pk, r0 = _table_rows(s0, table)
+    if not pk:
+        b.drop("table_without_primary_key")
+        return
+    _, _, ra = _table_rows(a, table)
+    _, _, rb = _table_rows(bb, table)
+    named = [c for c in cols if c.lower() in info.columns and c not in pk]
+    checked = named or [c for c in cols if c not in pk]
+
+    def key_sql(k: tuple) -> str:
+        return " AND ".join(_where(c, v) for c, v in zip(pk, k, strict=True))
+
+    for k in sorted(ra.keys() - r0.keys(), key=repr):  # added rows: match on stable named columns
+        stable = [c for c in checked if k in rb and rb[k].get(c) == ra[k][c]]
+        if not stable:
+            b.drop("volatile")
+            continue
+        cond = " AND ".join(_where(c, ra[k][c]) for c in stable)
+        b.add(sql=f'SELECT 1 FROM "{table}" WHERE {cond}', check="exists", expected=None, initial_value=0,
+              source="table_diff", table=table)
+    for k in sorted(r0.keys() - ra.keys(), key=repr):  # removed rows
+        b.add(sql=f'SELECT 1 FROM "{table}" WHERE {key_sql(k)}', check="not_exists", initial_value=1,
+              source="table_diff", table=table)
+    for k in sorted(r0.keys() & ra.keys(), key=repr):  # changed rows: one predicate per changed column
+        for c in checked:
+            v0, va = r0[k][c], ra[k][c]
+            if v0 == va:
+                continue
+            if k not in rb or rb[k][c] != va:
+                b.drop("volatile")
+                continue
+            sql = f'SELECT "{c}" FROM "{table}" WHERE {key_sql(k)}'
+            if _is_number(v0) and _is_number(va) and not _id_like(c):
+                b.add(sql=sql, check="distance", kind="scalar", expected=va, initial_value=v0,
+                      source="table_diff", table=table)
+            else:
+                b.add(sql=sql, check="value_eq", expected=va, initial_value=v0, source="table_diff", table=table)
+
+
+def _single_numeric(rows: list[tuple]) -> bool:
+    return len(rows) == 1 and len(rows[0]) == 1 and _is_number(rows[0][0])
+
+
+def _query(b: _Builder, sql: str, r0: list[tuple], ra: list[tuple], rb: list[tuple] | None,
+           demanded: tuple[str, int] | None) -> None:
+    """Candidates for one non-whole-table read, from its rows on s0, A and B."""
+    if rows_digest(r0) == rows_digest(ra):
+        b.add(sql=sql, check="rows_equal", expected=rows_digest(ra), initial_value=len(r0), role="preservation")
+        return
+    stable = rb is not None and rows_digest(ra) == rows_digest(rb)
+    if demanded and phi_of_rows(Predicate("x", sql, demanded[0], demanded[1]), ra) == 1.0:
+        b.add(sql=sql, check=demanded[0], expected=demanded[1], initial_value=len(r0), source="trace+static_len")
+    elif not r0 and ra:
+        b.add(sql=sql, check="exists", initial_value=0)
+    elif r0 and not ra:
+        b.add(sql=sql, check="not_exists", initial_value=len(r0))
+    elif stable and _single_numeric(r0) and _single_numeric(ra):
+        b.add(sql=sql, check="distance", kind="scalar", expected=ra[0][0], initial_value=r0[0][0])
+    elif stable:
+        b.add(sql=sql, check="rows_equal", expected=rows_digest(ra), initial_value=len(r0))
+    elif rb is not None and len(ra) == len(rb) and len(ra) != len(r0):
+        b.add(sql=sql, check="count_eq", expected=len(ra), initial_value=len(r0))
+    else:
+        b.drop("volatile")
+
+
+def _demanded(statement: dict[str, Any], info: StaticInfo) -> tuple[str, int] | None:
+    for var in variables_of(statement, info):
+        if var in info.len_checks:
+            return required_count(*info.len_checks[var])
+    return None
+
+
+def extract(statements: list[dict[str, Any]], info: StaticInfo, s0: Path, a: Path | None,
+            b: Path | None) -> tuple[list[Predicate], Counter[str]]:
+    """Candidate predicates from a traced run's final-DB statements (unvalidated; see `validate`).
+
+    With replays (a, b): targets come from the reference states. Without (a is None): only the
+    counts the verifier itself demands (`len(rows) != 1`) can name a target.
+    """
+    bld = _Builder()
+    whole_tables: set[str] = set()
+    for st in statements:
+        sql = (st.get("sql") or "").strip()
+        if st.get("role") != "final" or not _SQL_START.match(sql):
+            continue
+        r0 = _try_rows(s0, sql)
+        if r0 is None:
+            bld.drop("not_executable_on_s0")
+            continue
+        if a is None:
+            demanded = _demanded(st, info)
+            if demanded is None:
+                bld.drop("no_target_without_replay")
+            else:
+                bld.add(sql=sql, check=demanded[0], expected=demanded[1], initial_value=len(r0),
+                        source="trace+static_len", replay="unreplayed")
+            continue
+        whole = _WHOLE_TABLE.match(sql)
+        ra = _try_rows(a, sql)
+        if ra is None:
+            bld.drop("not_executable_on_reference")
+            continue
+        if whole and rows_digest(r0) != rows_digest(ra):
+            if whole.group(1) not in whole_tables:
+                whole_tables.add(whole.group(1))
+                _table_diff(bld, whole.group(1), s0, a, b or a, info)
+            continue
+        _query(bld, sql, r0, ra, _try_rows(b, sql) if b else None, _demanded(st, info))
+    return bld.candidates, bld.dropped
+
+
+def validate(candidates: list[Predicate], s0: Path, a: Path | None, b: Path | None,
+             dropped: Counter[str]) -> tuple[list[Predicate], list[Predicate]]:
+    """Split candidates into (progress, preservation): executable on s0, met on both replays.
+
+    Without replays the role follows s0 alone: met there -> preservation, else progress (unreplayed).
+    """
+    progress, preservation = [], []
+    for p in candidates:
+        if _try_rows(s0, p.sql) is None:
+            dropped["not_executable_on_s0"] += 1
+            continue
+        if a is not None:
+            if evaluate(a, [p])[0] < 1.0:
+                dropped["false_on_reference"] += 1
+                continue
+            if b is not None and evaluate(b, [p])[0] < 1.0:
+                dropped["false_on_second_replay"] += 1
+                continue
+        met_at_s0 = evaluate(s0, [p])[0] >= 1.0
+        p.role = "preservation" if met_at_s0 else "progress"
+        (preservation if met_at_s0 else progress).append(p)
+    for i, p in enumerate(progress, start=1):
+        p.id = f"c{i}"
+    for i, p in enumerate(preservation, start=1):
+        p.id = f"p{i}"
+    return progress, preservation
+
+
+def phi(db_path: str | Path, predicates: list[Predicate]) -> float | None:
+    """Phi(s) = mean phi_i(s) over the progress predicates, None when there are none."""
+    if not predicates:
+        return None
+    values = evaluate(db_path, predicates)
+    return sum(values) / len(values)

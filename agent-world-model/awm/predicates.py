@@ -1,0 +1,261 @@
+"""Build and report the executable intermediate predicates of every task (recovery-method section 2).
+
+    python -m awm.predicates build [--data-dir D] --out predicates.jsonl [--llm]
+    python -m awm.predicates coverage predicates.jsonl
+
+Per task: the verifier's source is analysed (`awm.verifier_analysis.analyse`), the verifier runs
+traced in the sandbox on (s0, reference final state), its final-DB statements become candidates
+(`awm.predicate_set.extract`), and candidates are kept only when executable on s0 and met on two
+independent replays of the reference solution (run at different times, so clock-dependent values
+are caught). Candidates met on s0 are kept apart as preservation predicates. Where no reference
+solution exists (AWM-1K proper, the excerpt), the verifier is traced on (s0, s0) and only the
+counts it demands yield predicates; those are marked `replay: "unreplayed"`.
+
+`--llm` asks an OpenAI-compatible endpoint (`awm.llm.ChatClient`: OPENAI_BASE_URL, OPENAI_API_KEY,
+OPENAI_MODEL) for extra predicates; they pass through the same validation, never around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import json_repair
+
+from awm.data import AWMDataset, bundled_data_dir
+from awm.database import backup, state_hash
+from awm.episode import EnvRuntime
+from awm.predicate_set import Predicate, PredicateError, TaskPredicates, evaluate, extract, phi, validate
+from awm.semantics import task_type
+from awm.solutions import Solution, load_solutions, replay
+from awm.verifier_analysis import analyse, traced_run
+
+log = logging.getLogger(__name__)
+MIN_REPLAY_GAP_S = 1.1  # replays A and B at least this far apart: second-resolution clocks differ
+
+LLM_PROMPT = """You turn a task's verifier into intermediate database conditions.
+Task: {task}
+Database schema (SQLite):
+{schema}
+Verifier (Python):
+{verifier}
+Reply with a JSON list of conditions that must hold in the final database when the task is done,
+each {{"sql": "<one SELECT>", "check": "exists|not_exists|count_eq|value_eq", "expected": <value or null>}}.
+"""
+
+
+async def _final_state(runtime: EnvRuntime, scenario: str, task_idx: int, calls: list[dict[str, Any]],
+                       answer: str | None, dest: Path) -> str:
+    """Replay `calls` on a fresh episode, copy its final DB to `dest`, return the verdict."""
+    ep = await runtime.open(scenario, task_idx)
+    try:
+        await replay(ep, calls)
+        backup(ep.db_path, dest)
+        return (await ep.verify(answer)).verdict
+    finally:
+        await ep.close()
+
+
+async def _llm_candidates(client: Any, task: str, schema: str, code: str) -> list[Predicate]:
+    """Ask the endpoint for conditions; unparseable or malformed items are skipped."""
+    reply = await client.chat([{"role": "user", "content": LLM_PROMPT.format(task=task, schema=schema,
+                                                                             verifier=code[:12000])}],
+                              temperature=0.0, max_tokens=2048)
+    items = json_repair.loads(reply.text)
+    out = []
+    for item in items if isinstance(items, list) else []:
+        try:
+            out.append(Predicate.from_dict({"id": "llm", "source": "llm", **item}))
+        except (PredicateError, TypeError):
+            continue
+    return out
+
+
+class PredicateBuilder:
+    """Builds `TaskPredicates` for the tasks of one data directory."""
+
+    def __init__(self, runtime: EnvRuntime, solutions: dict[tuple[str, int], Solution] | None,
+                 workdir: Path, llm: Any = None) -> None:
+        self.runtime, self.solutions, self.workdir, self.llm = runtime, solutions or {}, workdir, llm
+
+    async def build_scenario(self, scenario: str, task_ids: list[int]) -> list[TaskPredicates]:
+        s0, _ = self.runtime.template(scenario)
+        states: dict[int, dict[str, Any]] = {}
+        for idx in task_ids:  # replay A (reference) and the wrong solution
+            sol = self.solutions.get((scenario, idx))
+            if sol is None:
+                continue
+            a, w = self.workdir / f"{scenario}-{idx}-A.db", self.workdir / f"{scenario}-{idx}-W.db"
+            states[idx] = {"a": a, "w": w, "t": time.monotonic(),
+                           "va": await _final_state(self.runtime, scenario, idx, sol.calls, sol.final_answer, a),
+                           "vw": await _final_state(self.runtime, scenario, idx, sol.wrong_calls,
+                                                    sol.wrong_final_answer, w)}
+        for idx, st in states.items():  # replay B, later in time
+            wait = MIN_REPLAY_GAP_S - (time.monotonic() - st["t"])
+            if wait > 0:
+                await asyncio.sleep(wait)
+            sol = self.solutions[(scenario, idx)]
+            st["b"] = self.workdir / f"{scenario}-{idx}-B.db"
+            await _final_state(self.runtime, scenario, idx, sol.calls, sol.final_answer, st["b"])
+        return [await self._task(scenario, idx, Path(s0), states.get(idx)) for idx in task_ids]
+
+    async def _task(self, scenario: str, idx: int, s0: Path, st: dict[str, Any] | None) -> TaskPredicates:
+        rec = TaskPredicates(scenario, idx, replayed=st is not None)
+        row = self.runtime.dataset.verifier(scenario, idx)
+        if row is None or not row.code:
+            rec.note = "no pure-code verifier"
+            return rec
+        info = analyse(row.code)
+        if info.syntax_error:
+            rec.note = f"verifier does not parse: {info.syntax_error}"
+            return rec
+        sol = self.solutions.get((scenario, idx))
+        a, b = (st["a"], st["b"]) if st else (None, None)
+        trace = await asyncio.to_thread(traced_run, self.runtime.sandbox(), row.code, str(s0), str(a or s0),
+                                        final_answer=sol.final_answer if sol else None)
+        if trace.status != "ok":
+            rec.note = f"traced verifier run failed: {trace.error}"
+            return rec
+        candidates, dropped = extract(trace.statements, info, s0, a, b)
+        if self.llm is not None:
+            sc = self.runtime.dataset.scenario(scenario)
+            schema = "\n".join(t.get("ddl", "") for t in (sc.db_schema or {}).get("tables", []))
+            try:
+                extra = await _llm_candidates(self.llm, row.task, schema, row.code)
+            except Exception as exc:  # an unreachable endpoint loses the completion, not the task
+                log.warning("LLM completion failed for %s/%d: %s", scenario, idx, exc)
+                extra = []
+            for p in extra:
+                p.replay = "ok" if a is not None else "unreplayed"
+            candidates += extra
+        rec.predicates, rec.preservation = validate(candidates, s0, a, b, dropped)
+        rec.dropped = dict(dropped)
+        changed = (state_hash(a) != state_hash(s0)) if a is not None else None
+        rec.task_type = task_type(len(rec.predicates), changed, reads_final_answer=info.reads_final_answer,
+                                  compares_states=info.uses_initial and info.uses_final)
+        rec.phi_initial = phi(s0, rec.predicates)
+        if st is not None:
+            rec.verdict_reference, rec.verdict_wrong = st["va"], st["vw"]
+            rec.phi_reference, rec.phi_wrong = phi(a, rec.predicates), phi(st["w"], rec.predicates)
+            rec.replay_ok = all(v == 1.0 for v in evaluate(b, rec.predicates + rec.preservation))
+        return rec
+
+
+def coverage(records: list[TaskPredicates]) -> dict[str, Any]:
+    """Coverage report: share of tasks with >= 1 predicate, by task type, plus validation figures."""
+    def share(rs: list[TaskPredicates], pred: Any) -> dict[str, Any]:
+        n = sum(1 for r in rs if pred(r))
+        return {"tasks": len(rs), "with": n, "share": round(n / len(rs), 3) if rs else None}
+
+    by_type: dict[str, Any] = {}
+    for tt in sorted({r.task_type for r in records}):
+        rs = [r for r in records if r.task_type == tt]
+        by_type[tt] = {"progress": share(rs, lambda r: r.predicates),
+                       "any_including_preservation": share(rs, lambda r: r.predicates or r.preservation)}
+    replayed = [r for r in records if r.replayed]
+    wrong = [r for r in replayed if r.verdict_wrong != "complete" and r.predicates]
+    dropped: Counter[str] = Counter()
+    for r in records:
+        dropped.update(r.dropped)
+    return {
+        "tasks": len(records),
+        "replayed_tasks": len(replayed),
+        "unreplayed_tasks": len(records) - len(replayed),
+        "with_progress_predicate": share(records, lambda r: r.predicates),
+        "with_any_predicate": share(records, lambda r: r.predicates or r.preservation),
+        "by_task_type": by_type,
+        "progress_predicates": sum(len(r.predicates) for r in records),
+        "preservation_predicates": sum(len(r.preservation) for r in records),
+        "scalar_predicates": sum(p.kind == "scalar" for r in records for p in r.predicates),
+        "dropped": dict(dropped),
+        "reference_phi_is_1": share(replayed, lambda r: r.phi_reference in (None, 1.0)),
+        "reference_verdict_complete": share(replayed, lambda r: r.verdict_reference == "complete"),
+        "replay_ok": share(replayed, lambda r: r.replay_ok),
+        "wrong_solution_phi_below_1": share(wrong, lambda r: r.phi_wrong is not None and r.phi_wrong < 1.0),
+        "notes": sorted({r.note for r in records if r.note}),
+    }
+
+
+async def build(data_dir: str | None, *, scenarios: list[str] | None = None, llm: Any = None,
+                runtime: EnvRuntime | None = None) -> list[TaskPredicates]:
+    """Predicates for every task with a verifier; replayed where reference solutions exist."""
+    data_dir = data_dir or str(bundled_data_dir())
+    try:
+        solutions = load_solutions(data_dir)
+    except FileNotFoundError:
+        solutions = {}
+    own = runtime is None
+    runtime = runtime or EnvRuntime(data_dir, dataset=AWMDataset(data_dir))
+    workdir = Path(tempfile.mkdtemp(prefix="awm-predicates-"))
+    try:
+        builder = PredicateBuilder(runtime, solutions, workdir, llm)
+        keys = runtime.dataset.task_keys(runnable_only=False)
+        out = []
+        for name in sorted({s for s, _ in keys}):
+            if scenarios and name not in scenarios:
+                continue
+            if runtime.dataset.scenario(name).db_schema is None:
+                out += [TaskPredicates(name, i, note="no gen_db row: no initial DB") for s, i in keys if s == name]
+                continue
+            out += await builder.build_scenario(name, [i for s, i in keys if s == name])
+        return out
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if own:
+            runtime.close()
+
+
+def write_jsonl(records: list[TaskPredicates], path: str | Path) -> None:
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records), encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_jsonl(path: str | Path) -> list[TaskPredicates]:
+    """Load and validate a predicates file (schema errors raise PredicateError with the line)."""
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                out.append(TaskPredicates.from_dict(json.loads(line)))
+            except (PredicateError, ValueError, TypeError) as exc:
+                raise PredicateError(f"{path}:{n}: {exc}") from None
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m awm.predicates", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    sp = sub.add_parser("build", help="extract, validate and write predicates (JSONL) and print coverage")
+    sp.add_argument("--data-dir", help="AWM-1K data directory (default: the bundled scenarios)")
+    sp.add_argument("--scenario", action="append", help="only these scenarios (repeatable)")
+    sp.add_argument("--out", required=True, help="predicates JSONL to write")
+    sp.add_argument("--llm", action="store_true", help="add LLM-proposed predicates (OPENAI_BASE_URL/_API_KEY/_MODEL)")
+    sp = sub.add_parser("coverage", help="print the coverage report of a predicates JSONL")
+    sp.add_argument("predicates", help="predicates JSONL file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    if args.action == "coverage":
+        print(json.dumps(coverage(read_jsonl(args.predicates)), indent=1))
+        return 0
+    llm = None
+    if args.llm:
+        from awm.llm import ChatClient
+        llm = ChatClient(max_concurrency=4)
+    records = asyncio.run(build(args.data_dir, scenarios=args.scenario, llm=llm))
+    write_jsonl(records, args.out)
+    print(json.dumps(coverage(records), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
