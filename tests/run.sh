@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: sets the project up if needed (or if its requirements changed), then runs pytest.
+# The test command: installs the packages if needed (or if the requirements changed), then runs pytest.
 #   bash tests/run.sh              # the fast suite (what CI runs)
 #   bash tests/run.sh -m slow      # the slow end-to-end runs
 set -euo pipefail
@@ -7,6 +7,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 want="$(cat requirements-cpu.txt constraints-cpu.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [[ ! -x .venv/bin/python ]] || [[ "$(cat .venv/.stateful-rl-setup 2>/dev/null)" != "$want" ]]; then
-  bash setup.sh
+  bash setup.sh --deps-only  # packages only: the tests build their own models and data
 fi
 exec .venv/bin/python -m pytest "$@"

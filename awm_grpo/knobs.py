@@ -1,0 +1,266 @@
+"""The recipe's knobs (key, environment variable, target) and the auto-profiles' defaults.
+
+Targets: `--flag` is a `python -m slime.train` flag (bool knobs: the flag is passed when true);
+`yaml:awm_x` is a key of the runtime YAML given as `--custom-config-path` (the rollout, reward and
+traces read `args.awm_x`); `launcher` is used by `awm_grpo.launch` itself (the doc says how).
+Resolution and precedence live in `awm_grpo.config`; this file is data only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = "runs/awm_grpo"
+CPU_BASE_MODEL = f"{RUNS}/models/base"  # slime.models.tiny, built by setup.sh
+CPU_WARM_MODEL = f"{RUNS}/models/warmstart"  # awm_grpo.warmstart on the reference solutions, if run
+GPU_MODEL = "runs/models/Qwen3-4B"  # setup.sh's MODEL_DIR default
+GPU_DATA = "runs/data/awm1k"  # setup.sh's AWM-1K download folder
+
+
+@dataclass(frozen=True)
+class Knob:
+    key: str  # section.name in config.yaml
+    env: str  # environment variable
+    kind: str  # int | float | bool | str | path | list | dict
+    target: str  # --slime-flag | yaml:awm_key | launcher
+    doc: str
+    nullable: bool = False
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A default computed from other knobs: fn(get, gpus) -> value; `text` is shown as its source."""
+
+    fn: Callable[[Callable[[str], Any], list], Any]
+    text: str
+
+
+K = Knob
+KNOBS: tuple[Knob, ...] = (
+    K("paths.hf_checkpoint", "HF_CKPT", "path", "--hf-checkpoint", "HF model folder: policy init, tokenizer, engine"),
+    K("paths.ref_checkpoint", "REF_CKPT", "path", "--ref-load", "reference model of the KL loss"),
+    K("paths.save_dir", "SAVE_DIR", "path", "--save", "checkpoints, metrics.jsonl, tensorboard, runtime YAML"),
+    K("paths.resume_checkpoint", "RESUME_CKPT", "path", "--load", "resume from the latest checkpoint here, if any"),
+    K("paths.splits_dir", "AWM_SPLITS_DIR", "path", "launcher",
+      "train/val/test.jsonl (--prompt-data, --eval-prompt-data val); written by data_prep if missing"),
+    K("paths.trace_dir", "AWM_TRACE_DIR", "path", "yaml:awm_trace_dir", "one JSONL record per trajectory"),
+    K("hardware.profile", "AWM_PROFILE", "str", "launcher", "auto-profile: picks every `auto` default",
+      choices=("cpu", "a100-40gb", "h100", "h200")),
+    K("hardware.num_gpus", "NUM_GPUS", "int", "--num-gpus-per-node",
+      "GPUs of this machine (auto: nvidia-smi); derives rollout_num_gpus, checked against train + rollout"),
+    K("hardware.train_num_gpus", "TRAIN_NUM_GPUS", "int", "--actor-num-gpus-per-node",
+      "GPUs of the trainer (the torch backend trains in one actor: 1)"),
+    K("hardware.rollout_num_gpus", "ROLLOUT_NUM_GPUS", "int", "--rollout-num-gpus", "GPUs of the engines"),
+    K("hardware.rollout_num_gpus_per_engine", "ROLLOUT_NUM_GPUS_PER_ENGINE", "int", "--rollout-num-gpus-per-engine",
+      "tensor parallelism of one engine"),
+    K("hardware.colocate", "COLOCATE", "bool", "--colocate", "trainer and engines share GPUs"),
+    K("hardware.ray_num_cpus", "RAY_NUM_CPUS", "int", "--ray-num-cpus", "logical CPUs of the local Ray cluster"),
+    K("data.split_by", "AWM_SPLIT_BY", "str", "launcher", "data_prep --split-by when splits are written",
+      choices=("scenario", "task")),
+    K("data.split_seed", "AWM_SPLIT_SEED", "int", "launcher", "data_prep --seed"),
+    K("data.max_scenarios", "AWM_MAX_SCENARIOS", "int", "launcher", "data_prep --max-scenarios", nullable=True),
+    K("data.exclude_file", "AWM_EXCLUDE_FILE", "path", "launcher", "data_prep --exclude (an audit file)",
+      nullable=True),
+    K("training.num_rollout", "NUM_ROLLOUT", "int", "--num-rollout", "training steps (rollout + train)"),
+    K("training.rollout_batch_size", "ROLLOUT_BATCH_SIZE", "int", "--rollout-batch-size", "prompts per step"),
+    K("training.n_samples_per_prompt", "N_SAMPLES_PER_PROMPT", "int", "--n-samples-per-prompt", "GRPO group size"),
+    K("training.over_sampling_batch_size", "OVER_SAMPLING_BATCH_SIZE", "int", "--over-sampling-batch-size",
+      "prompts generated per round before the dynamic filter"),
+    K("training.global_batch_size", "GLOBAL_BATCH_SIZE", "int", "--num-steps-per-rollout",
+      "samples per optimizer step; passed as steps = batch x n / global"),
+    K("training.max_tokens_per_gpu", "MAX_TOKENS_PER_GPU", "int", "--max-tokens-per-gpu", "tokens per micro-batch"),
+    K("training.dynamic_sampling_filter", "DYNAMIC_SAMPLING_FILTER_PATH", "str", "--dynamic-sampling-filter-path",
+      "group filter (null: keep every group)", nullable=True),
+    K("training.save_interval", "SAVE_INTERVAL", "int", "--save-interval", "steps between checkpoints"),
+    K("training.eval_interval", "EVAL_INTERVAL", "int", "--eval-interval", "steps between evals on val"),
+    K("training.n_samples_per_eval_prompt", "N_SAMPLES_PER_EVAL_PROMPT", "int", "--n-samples-per-eval-prompt",
+      "samples per val prompt"),
+    K("training.skip_eval_before_train", "SKIP_EVAL_BEFORE_TRAIN", "bool", "--skip-eval-before-train",
+      "no eval of the starting policy"),
+    K("training.seed", "TRAIN_SEED", "int", "--seed", "trainer seed; also --rollout-seed (and --engine-seed on CPU)"),
+    K("optimizer.lr", "LR", "float", "--lr", "learning rate (constant)"),
+    K("optimizer.weight_decay", "WEIGHT_DECAY", "float", "--weight-decay", "AdamW weight decay"),
+    K("optimizer.adam_beta1", "ADAM_BETA1", "float", "--adam-beta1", "AdamW beta1"),
+    K("optimizer.adam_beta2", "ADAM_BETA2", "float", "--adam-beta2", "AdamW beta2"),
+    K("optimizer.clip_grad", "CLIP_GRAD", "float", "--clip-grad", "gradient norm clip"),
+    K("grpo.advantage_estimator", "ADVANTAGE_ESTIMATOR", "str", "--advantage-estimator", "grpo, gspo, rloo, ..."),
+    K("grpo.kl_loss_coef", "KL_LOSS_COEF", "float", "--kl-loss-coef", "KL to the reference; > 0 adds --use-kl-loss"),
+    K("grpo.kl_loss_type", "KL_LOSS_TYPE", "str", "--kl-loss-type", "k1 | k2 | k3 | low_var_kl"),
+    K("grpo.eps_clip", "EPS_CLIP", "float", "--eps-clip", "PPO clip (low side)"),
+    K("grpo.eps_clip_high", "EPS_CLIP_HIGH", "float", "--eps-clip-high", "DAPO clip-higher"),
+    K("grpo.entropy_coef", "ENTROPY_COEF", "float", "--entropy-coef", "entropy bonus"),
+    K("inference.engine_type", "AWM_ENGINE_TYPE", "str", "--engine-type", "cpu (slime's CPU engine) | sglang",
+      choices=("cpu", "sglang")),
+    K("inference.max_response_len", "ROLLOUT_MAX_RESPONSE_LEN", "int", "--rollout-max-response-len",
+      "response budget of a trajectory (model + observation tokens)"),
+    K("inference.max_context_len", "ROLLOUT_MAX_CONTEXT_LEN", "int", "--rollout-max-context-len",
+      "prompt + response cap", nullable=True),
+    K("inference.temperature", "ROLLOUT_TEMPERATURE", "float", "--rollout-temperature", "sampling temperature"),
+    K("inference.eval_temperature", "EVAL_TEMPERATURE", "float", "--eval-temperature",
+      "eval temperature (null: the rollout temperature)", nullable=True),
+    K("inference.sglang_mem_fraction_static", "SGLANG_MEM_FRACTION_STATIC", "float", "--sglang-mem-fraction-static",
+      "SGLang KV-cache share of GPU memory (sglang engine only; null: SGLang's own)", nullable=True),
+    K("inference.sglang_server_concurrency", "SGLANG_SERVER_CONCURRENCY", "int", "--sglang-server-concurrency",
+      "concurrent requests per engine"),
+    K("inference.engine_max_batch_size", "ENGINE_MAX_BATCH_SIZE", "int", "--engine-max-batch-size",
+      "CPU engine batch cap (cpu engine only)"),
+    K("environment.data_dir", "AWM_DATA_DIR", "path", "yaml:awm_data_dir", "AWM-1K folder (null: bundled)",
+      nullable=True),
+    K("environment.transport", "AWM_TRANSPORT", "str", "yaml:awm_transport", "inprocess | mcp",
+      choices=("inprocess", "mcp")),
+    K("environment.mcp_urls", "AWM_MCP_URLS", "list", "yaml:awm_mcp_urls",
+      "base URLs of `awm env start` servers (comma-separated in the variable)"),
+    K("environment.mcp_servers", "AWM_MCP_SERVERS", "int", "launcher",
+      "with transport mcp and no urls: local `awm env start` servers the launcher starts and stops"),
+    K("environment.tool_mode", "AWM_TOOL_MODE", "str", "yaml:awm_tool_mode", "meta (list_tools/call_tool) | native",
+      choices=("meta", "native")),
+    K("environment.calls_per_turn", "AWM_CALLS_PER_TURN", "str", "yaml:awm_calls_per_turn", "first | all",
+      choices=("first", "all")),
+    K("environment.max_turns", "AWM_MAX_TURNS", "int", "yaml:awm_max_turns", "model turns per episode"),
+    K("environment.turn_schedule", "AWM_TURN_SCHEDULE", "dict", "yaml:awm_turn_schedule",
+      'null (fixed max_turns) or {"rounds": [10, 20, 30], "every": 100}', nullable=True),
+    K("environment.max_tokens_per_turn", "AWM_MAX_TOKENS_PER_TURN", "int", "yaml:awm_max_tokens_per_turn",
+      "cap on one model turn (null: the remaining budget)", nullable=True),
+    K("environment.max_observation_tokens", "AWM_MAX_OBSERVATION_TOKENS", "int", "yaml:awm_max_observation_tokens",
+      "tool output cap (truncated with a marker)"),
+    K("environment.invalid_call_penalty", "AWM_INVALID_CALL_PENALTY", "float", "yaml:awm_invalid_call_penalty",
+      "reward added for an invalid tool call"),
+    K("environment.terminate_on_invalid_call", "AWM_TERMINATE_ON_INVALID_CALL", "bool",
+      "yaml:awm_terminate_on_invalid_call", "end the episode at an invalid call"),
+    K("environment.max_repeated_calls", "AWM_MAX_REPEATED_CALLS", "int", "yaml:awm_max_repeated_calls",
+      "identical calls in a row that end the episode"),
+    K("environment.tool_timeout", "AWM_TOOL_TIMEOUT", "float", "yaml:awm_tool_timeout", "seconds per tool call"),
+    K("environment.verifier_timeout", "AWM_VERIFIER_TIMEOUT", "float", "yaml:awm_verifier_timeout",
+      "seconds per verifier run"),
+    K("environment.env_workers", "AWM_ENV_WORKERS", "int", "yaml:awm_env_workers",
+      "environment worker processes (inprocess) / per started MCP server"),
+    K("environment.enable_thinking", "AWM_ENABLE_THINKING", "bool", "yaml:awm_enable_thinking",
+      "Qwen3 thinking mode in the chat template"),
+    K("environment.reward_complete", "AWM_REWARD_COMPLETE", "float", "yaml:awm_reward_complete",
+      "reward of a complete verdict"),
+    K("environment.reward_partial", "AWM_REWARD_PARTIAL", "float", "yaml:awm_reward_partial",
+      "reward when the verifier reports partial completion"),
+    K("environment.reward_other", "AWM_REWARD_OTHER", "float", "yaml:awm_reward_other", "reward of other verdicts"),
+    K("logging.tensorboard", "USE_TENSORBOARD", "bool", "--use-tensorboard", "tensorboard under save_dir"),
+    K("logging.wandb_enabled", "WANDB_ENABLED", "bool", "--use-wandb", "log to wandb (key: WANDB_API_KEY)"),
+    K("logging.wandb_project", "WANDB_PROJECT", "str", "--wandb-project", "wandb project"),
+    K("logging.wandb_group", "WANDB_GROUP", "str", "--wandb-group", "wandb group", nullable=True),
+    K("logging.wandb_mode", "WANDB_MODE", "str", "--wandb-mode", "offline | online | disabled",
+      choices=("offline", "online", "disabled")),
+)
+
+
+def _data_name(get: Callable[[str], Any]) -> str:
+    data = get("environment.data_dir")
+    return "bundled" if data is None else Path(data).name
+
+
+def _cpu_model(get: Callable[[str], Any], gpus: list) -> str:
+    return CPU_WARM_MODEL if (REPO / CPU_WARM_MODEL / "config.json").is_file() else CPU_BASE_MODEL
+
+
+SAME_AS = {  # derived defaults shared by every profile
+    "paths.ref_checkpoint": Derived(lambda get, g: get("paths.hf_checkpoint"), "= paths.hf_checkpoint"),
+    "paths.resume_checkpoint": Derived(lambda get, g: get("paths.save_dir"), "= paths.save_dir"),
+    "paths.trace_dir": Derived(lambda get, g: str(Path(get("paths.save_dir")) / "traces"), "= save_dir/traces"),
+    "paths.splits_dir": Derived(lambda get, g: f"{RUNS}/splits/{_data_name(get)}",
+                                f"{RUNS}/splits/<bundled | data_dir name>"),
+    "training.global_batch_size": Derived(
+        lambda get, g: get("training.rollout_batch_size") * get("training.n_samples_per_prompt"),
+        "= rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout)"),
+}
+
+PROFILES: dict[str, dict[str, Any]] = {
+    # Shared by all profiles (GPU numbers of the reference recipe, Qwen3-4B on AWM-1K).
+    "base": {
+        **SAME_AS,
+        "paths.hf_checkpoint": GPU_MODEL,
+        "paths.save_dir": Derived(lambda get, g: f"{RUNS}/{get('hardware.profile')}", f"{RUNS}/<profile>"),
+        "hardware.num_gpus": Derived(lambda get, gpus: len(gpus), "nvidia-smi GPU count"),
+        "hardware.train_num_gpus": 1,
+        "hardware.rollout_num_gpus": Derived(
+            lambda get, g: get("hardware.train_num_gpus") if get("hardware.colocate")
+            else max(get("hardware.num_gpus") - get("hardware.train_num_gpus"), 1),
+            "colocate: = train_num_gpus; else num_gpus - train_num_gpus"),
+        "hardware.rollout_num_gpus_per_engine": 1,
+        "hardware.colocate": True,
+        "hardware.ray_num_cpus": 8,
+        "data.split_by": "scenario", "data.split_seed": 42, "data.max_scenarios": None, "data.exclude_file": None,
+        "training.num_rollout": 200,
+        "training.rollout_batch_size": 8,
+        "training.n_samples_per_prompt": 4,
+        "training.over_sampling_batch_size": Derived(lambda get, g: 2 * get("training.rollout_batch_size"),
+                                                     "= 2 x rollout_batch_size"),
+        "training.max_tokens_per_gpu": Derived(lambda get, g: get("inference.max_response_len"),
+                                               "= inference.max_response_len"),
+        "training.dynamic_sampling_filter": "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        "training.save_interval": 10, "training.eval_interval": 10, "training.n_samples_per_eval_prompt": 1,
+        "training.skip_eval_before_train": True, "training.seed": 1234,
+        "optimizer.lr": 1e-6, "optimizer.weight_decay": 0.1, "optimizer.adam_beta1": 0.9,
+        "optimizer.adam_beta2": 0.98, "optimizer.clip_grad": 1.0,
+        "grpo.advantage_estimator": "grpo", "grpo.kl_loss_coef": 0.001, "grpo.kl_loss_type": "low_var_kl",
+        "grpo.eps_clip": 0.2, "grpo.eps_clip_high": 0.28, "grpo.entropy_coef": 0.0,
+        "inference.engine_type": "sglang", "inference.max_response_len": 16384, "inference.max_context_len": None,
+        "inference.temperature": 1.0, "inference.eval_temperature": None,
+        "inference.sglang_mem_fraction_static": 0.55, "inference.sglang_server_concurrency": 8,
+        "inference.engine_max_batch_size": 64,
+        "environment.data_dir": GPU_DATA, "environment.transport": "inprocess", "environment.mcp_urls": [],
+        "environment.mcp_servers": 1, "environment.tool_mode": "meta", "environment.calls_per_turn": "first",
+        "environment.max_turns": 15, "environment.turn_schedule": None, "environment.max_tokens_per_turn": None,
+        "environment.max_observation_tokens": 2048, "environment.invalid_call_penalty": -1.0,
+        "environment.terminate_on_invalid_call": False, "environment.max_repeated_calls": 3,
+        "environment.tool_timeout": 30.0, "environment.verifier_timeout": 30.0, "environment.env_workers": 8,
+        "environment.enable_thinking": True, "environment.reward_complete": 1.0,
+        "environment.reward_partial": 0.1, "environment.reward_other": 0.0,
+        "logging.tensorboard": True, "logging.wandb_enabled": False, "logging.wandb_project": "awm-grpo",
+        "logging.wandb_group": None, "logging.wandb_mode": "offline",
+    },
+    "h200": {},  # >= 120 GiB: the base numbers
+    "h100": {"training.rollout_batch_size": 4, "inference.max_response_len": 8192,
+             "inference.sglang_mem_fraction_static": 0.45, "inference.sglang_server_concurrency": 4},
+    "a100-40gb": {"training.rollout_batch_size": 2, "inference.max_response_len": 4096,
+                  "inference.sglang_mem_fraction_static": 0.35, "inference.sglang_server_concurrency": 2,
+                  "environment.enable_thinking": False, "environment.max_observation_tokens": 1024},
+    # The embedded default: bundled scenarios, a small local model, slime's CPU engine, 2 cores.
+    "cpu": {
+        "paths.hf_checkpoint": Derived(_cpu_model, f"{CPU_WARM_MODEL} if setup.sh ran the warm start, "
+                                                   f"else {CPU_BASE_MODEL}"),
+        "hardware.num_gpus": 0, "hardware.train_num_gpus": 1, "hardware.rollout_num_gpus": 1,
+        "hardware.colocate": False,
+        "data.split_by": "task",  # six scenarios: held-out tasks, not held-out scenarios
+        "training.num_rollout": 20, "training.rollout_batch_size": 4, "training.n_samples_per_prompt": 4,
+        "training.over_sampling_batch_size": Derived(lambda get, g: get("training.rollout_batch_size"),
+                                                     "= rollout_batch_size"),
+        "training.max_tokens_per_gpu": 4096,
+        # falls back to zero-variance groups instead of sampling forever when every reward is equal
+        "training.dynamic_sampling_filter":
+            "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback",
+        "training.save_interval": 5, "training.eval_interval": 5, "training.skip_eval_before_train": False,
+        "optimizer.lr": 1e-5, "optimizer.weight_decay": 0.0,
+        "grpo.kl_loss_coef": 0.0,
+        "inference.engine_type": "cpu", "inference.max_response_len": 1024, "inference.engine_max_batch_size": 16,
+        "environment.data_dir": None, "environment.max_turns": 6, "environment.max_tokens_per_turn": 128,
+        "environment.max_observation_tokens": 256, "environment.env_workers": 1,
+        "environment.enable_thinking": False, "environment.tool_timeout": 10.0, "environment.verifier_timeout": 10.0,
+    },
+}
+
+# Values above these warn: they are what the profile's hardware is sized for.
+BUDGETS: dict[str, dict[str, float]] = {
+    "h200": {"inference.max_response_len": 16384, "training.max_tokens_per_gpu": 16384,
+             "inference.sglang_mem_fraction_static": 0.55, "inference.sglang_server_concurrency": 8,
+             "training.rollout_batch_size": 8},
+    "h100": {"inference.max_response_len": 8192, "training.max_tokens_per_gpu": 8192,
+             "inference.sglang_mem_fraction_static": 0.45, "inference.sglang_server_concurrency": 4,
+             "training.rollout_batch_size": 4},
+    "a100-40gb": {"inference.max_response_len": 4096, "training.max_tokens_per_gpu": 4096,
+                  "inference.sglang_mem_fraction_static": 0.35, "inference.sglang_server_concurrency": 2,
+                  "training.rollout_batch_size": 2},
+    "cpu": {"inference.max_response_len": 4096, "training.rollout_batch_size": 8,
+            "training.n_samples_per_prompt": 8, "environment.env_workers": 2},
+}

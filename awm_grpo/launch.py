@@ -1,0 +1,313 @@
+"""Start a training run of the recipe: resolve the config, check what it needs, run slime.train.
+
+    bash awm_grpo/run_awm_grpo.sh [--config FILE] [--set KEY=VALUE ...] [--profile P] [--dry-run] [-- slime flags]
+
+Steps: resolve every knob (`awm_grpo.config`; printed with its source), check prerequisites with
+errors that say what to run (model folder, data folder, splits: written with `awm_grpo.data_prep`
+when missing), write the runtime YAML (`<save_dir>/awm_runtime.yaml`, the `awm_*` keys the rollout
+reads, passed as `--custom-config-path`), check the command against slime's own parser, then run
+`python -m slime.train` as a child in its own process group. With `environment.transport: mcp` and
+no URLs it first starts `awm env start` servers. On exit, Ctrl-C or SIGTERM it stops exactly the
+processes it started (`awm_grpo.processes`). Flags after `--` go to slime.train verbatim, last,
+so they win over the knobs (argparse keeps the last value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from awm_grpo.config import ConfigError, ResolvedConfig, parse_sets, resolve
+from awm_grpo.knobs import KNOBS, REPO
+from awm_grpo.processes import Children, Stopped, ignore_signals, raise_on_signals, restore_signals
+
+logger = logging.getLogger("awm_grpo.launch")
+
+PLUGINS = [  # the recipe's seams in slime (fixed; edit awm_grpo/reward.py to change the reward)
+    "--custom-generate-function-path", "awm_grpo.rollout.generate",
+    "--custom-rm-path", "awm_grpo.reward.reward",
+    "--custom-rollout-log-function-path", "awm_grpo.traces.log_rollout",
+    "--custom-eval-rollout-log-function-path", "awm_grpo.traces.log_eval",
+]
+MCP_READY = re.compile(r"AWM MCP server for \S+ at (http://\S+)/mcp")
+
+
+class LaunchError(RuntimeError):
+    """A prerequisite is missing; the message says what to run."""
+
+
+def runtime_config(cfg: ResolvedConfig, mcp_urls: list[str] | None = None) -> dict[str, Any]:
+    """The runtime YAML: every `yaml:awm_*` knob under its key (mcp_urls: the started servers, if any)."""
+    out = {k.target.removeprefix("yaml:"): cfg[k.key] for k in KNOBS if k.target.startswith("yaml:")}
+    if mcp_urls is not None:
+        out["awm_mcp_urls"] = list(mcp_urls)
+    return out
+
+
+def knob_flags(cfg: ResolvedConfig) -> list[str]:
+    """slime.train flags of every `--flag` knob (see `awm_grpo.knobs` for each target)."""
+    v, cpu = cfg.values, cfg["inference.engine_type"] == "cpu"
+    skip = {"inference.sglang_mem_fraction_static"} if cpu else {"inference.engine_max_batch_size"}
+    if not v["logging.wandb_enabled"]:
+        skip |= {"logging.wandb_project", "logging.wandb_group", "logging.wandb_mode"}
+    flags: list[str] = []
+    for knob in KNOBS:
+        value = v[knob.key]
+        if not knob.target.startswith("--") or knob.key in skip or value is None or value == "":
+            continue
+        if knob.key == "training.global_batch_size":
+            value = v["training.rollout_batch_size"] * v["training.n_samples_per_prompt"] // value
+        if knob.kind == "bool":
+            flags += [knob.target] if value else []
+            continue
+        flags += [knob.target, str(value)]
+        if knob.key == "grpo.kl_loss_coef" and value > 0:
+            flags.append("--use-kl-loss")
+        if knob.key == "training.seed":
+            flags += ["--rollout-seed", str(value)] + (["--engine-seed", str(value)] if cpu else [])
+    return flags
+
+
+def slime_command(cfg: ResolvedConfig, runtime_yaml: str | Path, extra: list[str] | None = None) -> list[str]:
+    """The full `python -m slime.train ...` command line."""
+    splits = Path(cfg["paths.splits_dir"])
+    fixed = ["--prompt-data", str(splits / "train.jsonl"), "--eval-prompt-data", "val", str(splits / "val.jsonl"),
+             "--input-key", "text", "--metadata-key", "metadata", "--apply-chat-template", "--rollout-shuffle",
+             *PLUGINS, "--custom-config-path", str(runtime_yaml)]
+    return [sys.executable, "-m", "slime.train", *knob_flags(cfg), *fixed, *(extra or [])]
+
+
+def check_against_slime(cmd: list[str]) -> list[str]:
+    """Problems slime.train's parser finds in `cmd` (unknown flags, bad choices, inconsistencies)."""
+    from slime.arguments import ArgumentError, build_parser, finalize_args
+
+    parser = build_parser()
+    argv = cmd[3:]
+    known = parser._option_string_actions  # noqa: SLF001 - the parser's own flag table
+    unknown = [a for a in argv if a.startswith("--") and a not in known]
+    if unknown:
+        by_flag = {k.target: k for k in KNOBS}
+        hints = [f"{by_flag[f].env}=null leaves {f} out" for f in unknown if f in by_flag and by_flag[f].nullable]
+        return [f"slime.train does not accept {', '.join(unknown)} (yet){': ' if hints else ''}{'; '.join(hints)}"]
+    try:
+        args = parser.parse_args(argv)  # argparse prints its own message before exiting
+    except SystemExit:
+        return ["slime.train rejected the flags (its message is above)"]
+    errors: list[str] = []
+    try:
+        finalize_args(args)
+    except ArgumentError as exc:
+        errors.append(f"slime.train: {exc}")
+    return errors
+
+
+def extra_overrides(extra: list[str], cmd: list[str]) -> list[str]:
+    """Knob-set flags that flags after `--` override (slime keeps the last value)."""
+    ours = {a for a in cmd if a.startswith("--")}
+    return sorted({a.split("=")[0] for a in extra if a.startswith("--") and a.split("=")[0] in ours})
+
+
+# ---- prerequisites -------------------------------------------------------------------------------
+def check_model(path: str, what: str, env: str) -> None:
+    if not (Path(path) / "config.json").is_file():
+        raise LaunchError(f"{what} {path} is not a Hugging Face model folder (no config.json): run `bash setup.sh` "
+                          f"(it prepares the model of this profile), or point {env} at a model folder")
+
+
+def ensure_splits(cfg: ResolvedConfig, dry_run: bool) -> str:
+    """Write the splits with data_prep if they are missing; refuse splits of another data folder."""
+    from awm.data import bundled_data_dir
+
+    splits = Path(cfg["paths.splits_dir"])
+    data_dir = cfg["environment.data_dir"]
+    want = str((Path(data_dir) if data_dir else bundled_data_dir()).resolve())
+    info_path = splits / "split_info.json"
+    if all((splits / f).is_file() for f in ("train.jsonl", "val.jsonl")) and info_path.is_file():
+        info = json.loads(info_path.read_text())
+        exclude = cfg["data.exclude_file"]
+        asked = {"data_dir": want, "split_by": cfg["data.split_by"], "seed": cfg["data.split_seed"],
+                 "max_scenarios": cfg["data.max_scenarios"], "exclude_file": exclude and str(Path(exclude).resolve())}
+        differ = [f"{k}: {info.get(k)!r} there, {v!r} asked" for k, v in asked.items() if info.get(k) != v]
+        if differ:
+            raise LaunchError(f"{splits} holds other splits ({'; '.join(differ)}): delete {splits} to rewrite them, "
+                              "or set paths.splits_dir (AWM_SPLITS_DIR) to another folder")
+        return f"splits: {splits} (existing)"
+    if data_dir and not Path(data_dir).is_dir():
+        raise LaunchError(f"AWM data folder {data_dir} does not exist: run `bash setup.sh` (downloads AWM-1K) or "
+                          "`awm data download --dest DIR` and set AWM_DATA_DIR")
+    if dry_run:
+        return f"splits: {splits} missing; a real run writes them with awm_grpo.data_prep"
+    from awm_grpo.data_prep import prepare
+
+    info = prepare(splits, data_dir=data_dir, seed=cfg["data.split_seed"], split_by=cfg["data.split_by"],
+                   max_scenarios=cfg["data.max_scenarios"], exclude_file=cfg["data.exclude_file"])
+    counts = {n: c["tasks"] for n, c in info["counts"].items()}
+    return f"splits: wrote {splits} ({counts})"
+
+
+def start_mcp_servers(cfg: ResolvedConfig, children: Children, env: dict[str, str],
+                      timeout_s: float = 180.0) -> list[str]:
+    """Start `environment.mcp_servers` local `awm env start` servers; returns their base URLs."""
+    scenario = first_train_scenario(Path(cfg["paths.splits_dir"]))
+    cmd = [sys.executable, "-m", "awm.cli", "env", "start", "--scenario", scenario, "--port", "0",
+           "--workers", str(cfg["environment.env_workers"])]
+    if cfg["environment.data_dir"]:
+        cmd += ["--data-dir", cfg["environment.data_dir"]]
+    urls = []
+    for i in range(cfg["environment.mcp_servers"]):
+        proc = children.start(f"mcp-server-{i}", cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+        urls.append(_wait_for_url(proc, f"mcp-server-{i}", timeout_s))
+        logger.info("MCP server %d at %s", i, urls[-1])
+    return urls
+
+
+def first_train_scenario(splits: Path) -> str:
+    with open(splits / "train.jsonl") as f:
+        return json.loads(f.readline())["metadata"]["scenario"]
+
+
+def _wait_for_url(proc: subprocess.Popen, name: str, timeout_s: float) -> str:
+    """Read the server's announcement line; keep forwarding its output to the log afterwards."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.put(line)
+            logger.debug("[%s] %s", name, line.rstrip())
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True, name=f"{name}-stdout").start()
+    deadline, seen = time.monotonic() + timeout_s, []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        seen.append(line.rstrip())
+        if match := MCP_READY.search(line):
+            return match.group(1)
+    tail = "\n  ".join(seen[-10:])
+    raise LaunchError(f"{name} did not announce its URL within {timeout_s:.0f}s (exit code {proc.poll()}):\n  {tail}")
+
+
+def child_env(cfg: ResolvedConfig) -> dict[str, str]:
+    """The children's environment: ours, plus defaults that never override a variable already set."""
+    env = dict(os.environ)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if cfg.profile == "cpu":  # local model, local single-machine Ray (as examples/toy_single_turn does)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("RAY_AUTH_MODE", "disabled")
+    return env
+
+
+# ---- main ----------------------------------------------------------------------------------------
+def parse_cli(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
+    p = argparse.ArgumentParser(prog="bash awm_grpo/run_awm_grpo.sh", description=__doc__.split("\n\n")[0],
+                                epilog="Precedence: --set/--profile > environment variables > --config file > "
+                                       "auto-profile. Flags after `--` go to slime.train.")
+    p.add_argument("--config", default=None, help="config file (default: awm_grpo/config.yaml)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a knob (dotted key or variable name, e.g. training.num_rollout=3 or LR=1e-5)")
+    p.add_argument("--profile", choices=["cpu", "a100-40gb", "h100", "h200"], help="force an auto-profile")
+    p.add_argument("--dry-run", action="store_true", help="resolve, check and print the command; start nothing")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="write the splits this config needs (setup.sh uses it), then exit")
+    p.add_argument("--grace", type=float, default=30.0, help="seconds children get to exit after SIGTERM")
+    return p.parse_args(argv), extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, extra = parse_cli(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(level=logging.INFO, format="[awm_grpo] %(message)s")
+    try:
+        sets = parse_sets(opts.sets)
+        if opts.profile:
+            sets["hardware.profile"] = opts.profile
+        cfg = resolve(opts.config, sets=sets)
+    except ConfigError as exc:
+        print(f"awm_grpo: config error: {exc}", file=sys.stderr)
+        return 2
+    print(cfg.table(), flush=True)
+    if opts.prepare_only:
+        try:
+            logger.info(ensure_splits(cfg, dry_run=False))
+        except LaunchError as exc:
+            print(f"awm_grpo: {exc}", file=sys.stderr)
+            return 2
+        print(cfg["paths.splits_dir"])  # the last line: setup.sh reads it
+        return 0
+    save = Path(cfg["paths.save_dir"])
+    runtime_yaml = save / "awm_runtime.yaml"
+    cmd = slime_command(cfg, runtime_yaml, extra)
+    for flag in extra_overrides(extra, cmd[: len(cmd) - len(extra)]):
+        logger.warning("%s after `--` overrides the value the config gives it", flag)
+    try:
+        check_model(cfg["paths.hf_checkpoint"], "paths.hf_checkpoint", "HF_CKPT")
+        if cfg["grpo.kl_loss_coef"] > 0:
+            check_model(cfg["paths.ref_checkpoint"], "paths.ref_checkpoint", "REF_CKPT")
+        logger.info(ensure_splits(cfg, opts.dry_run))
+        problems = check_against_slime(cmd)
+        if problems:
+            raise LaunchError("; ".join(problems))
+    except LaunchError as exc:
+        print(f"awm_grpo: {exc}", file=sys.stderr)
+        return 2
+    if opts.dry_run:
+        print("runtime YAML (--custom-config-path):\n" + yaml.safe_dump(runtime_config(cfg), sort_keys=False))
+        print("command:\n  " + " ".join(cmd))
+        return 0
+    return run(cfg, cmd, runtime_yaml, opts.grace)
+
+
+def run(cfg: ResolvedConfig, cmd: list[str], runtime_yaml: Path, grace_s: float) -> int:
+    """Start the children, wait for the trainer, stop everything we started on every way out."""
+    save = runtime_yaml.parent
+    save.mkdir(parents=True, exist_ok=True)
+    (save / "awm_grpo_config.json").write_text(json.dumps(
+        {"profile": cfg.profile, "values": cfg.values, "sources": cfg.sources, "command": cmd}, indent=1) + "\n")
+    env = child_env(cfg)
+    children = Children(record=save / "launcher_children.json")
+    previous = raise_on_signals()
+    try:
+        urls = None
+        if cfg["environment.transport"] == "mcp" and not cfg["environment.mcp_urls"]:
+            urls = start_mcp_servers(cfg, children, env)
+        runtime_yaml.write_text(yaml.safe_dump(runtime_config(cfg, urls), sort_keys=False))
+        logger.info("command: %s", " ".join(cmd))
+        trainer = children.start("slime.train", cmd, env=env, cwd=REPO)
+        code = trainer.wait()
+        logger.info("slime.train exited with code %d", code)
+        return code
+    except Stopped as stop:
+        logger.warning("got %s: stopping the processes this launcher started", stop)
+        return 128 + stop.signum
+    except LaunchError as exc:
+        print(f"awm_grpo: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        ignore_signals()  # a second Ctrl-C must not interrupt the cleanup
+        children.stop_all(grace_s)
+        restore_signals(previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
