@@ -1,4 +1,4 @@
-"""Command-line flags of `python -m slime.train`, spelled as slime spells them.
+"""Command-line flags of `python -m slime.train` (and `python -m slime.train_async`), spelled as slime spells them.
 
 Launch scripts written for slime run unchanged as far as the flags below go; flags this trainer
 does not implement are rejected with a message (argparse), not silently ignored, except Megatron's
@@ -8,7 +8,13 @@ Every key of the YAML given by `--custom-config-path` is `setattr` onto `args` (
 Supported slime flags, by group (defaults are slime's unless marked "ours"):
 
 - cluster: --actor-num-nodes, --actor-num-gpus-per-node, --num-gpus-per-node, --rollout-num-gpus,
-  --rollout-num-gpus-per-engine, --colocate, --train-backend (torch only here)
+  --rollout-num-gpus-per-engine, --colocate, --distributed-timeout-minutes, --train-backend:
+  `torch` (HF model; N = actor nodes x GPUs per node data-parallel ranks, gradients summed over
+  gloo on CPU / nccl on GPU), `fsdp` (ours, slime's old FSDP backend name: the torch backend with
+  FSDP2 parameter/gradient/optimizer sharding, required on GPU for Qwen3-4B on 80 GB cards; `--bf16`
+  then computes in bf16 with fp32 weights), `megatron` (GPU only, UNTESTED: see
+  slime/backends/megatron_backend.py); --recompute-granularity full (HF gradient checkpointing +
+  LM-head chunk recompute) or selective (LM-head chunks only)
 - model: --hf-checkpoint, --model-name, --ref-load
 - data: --prompt-data, --input-key, --label-key, --metadata-key, --apply-chat-template,
   --apply-chat-template-kwargs, --rollout-shuffle, --rollout-seed, --num-rollout, --num-epoch
@@ -16,17 +22,24 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
   --rollout-temperature, --rollout-top-p, --rollout-top-k, --rollout-max-response-len,
   --rollout-max-prompt-len, --rollout-max-context-len, --rollout-stop, --rollout-stop-token-ids, --rollout-skip-special-tokens,
   --sglang-server-concurrency, --sglang-router-ip, --sglang-router-port
-- plugins: --rollout-function-path (train rollouts; eval always uses the built-in),
-  --custom-generate-function-path, --custom-rm-path, --group-rm, --reward-key,
-  --dynamic-sampling-filter-path, --custom-config-path
-- algorithm: --advantage-estimator (grpo, gspo, cispo), --eps-clip, --eps-clip-high, --eps-clip-c,
+- plugins: --rollout-function-path, --eval-function-path (default: the rollout function, called
+  with evaluation=True), --custom-generate-function-path, --custom-rm-path, --group-rm, --reward-key,
+  --dynamic-sampling-filter-path, --custom-config-path, --custom-rollout-log-function-path and
+  --custom-eval-rollout-log-function-path (slime's bool return; ours also takes a dict of metrics),
+  --custom-advantage-function-path (ours: `fn(args, samples) -> list[float | list[float]]`, not
+  slime's `fn(args, rollout_data)`)
+- algorithm: --advantage-estimator (grpo, gspo, cispo, reinforce_plus_plus,
+  reinforce_plus_plus_baseline, ppo; rloo is ours), --gamma, --lambd, --normalize-advantages,
+  --value-clip, --critic-load, --critic-lr, --num-critic-only-steps, --eps-clip, --eps-clip-high, --eps-clip-c,
   --use-kl-loss, --kl-loss-coef, --kl-loss-type, --use-unbiased-kl, --entropy-coef,
   --disable-rewards-normalization, --disable-grpo-std-normalization, --calculate-per-token-loss,
-  --use-tis, --tis-clip, --tis-clip-low, --use-rollout-logprobs, --num-steps-per-rollout
-- optimizer: --lr, --clip-grad, --seed, --weight-decay, --adam-beta1, --adam-beta2,
+  --use-tis, --tis-clip, --tis-clip-low, --use-rollout-logprobs, --num-steps-per-rollout,
+  --loss-type (policy_loss, sft_loss: masked NLL with the same aggregation; custom_loss is not implemented)
+- optimizer: --lr, --clip-grad, --seed, --weight-decay, --adam-beta1, --adam-beta2, --adam-eps,
   --lr-warmup-iters, --max-tokens-per-gpu, --micro-batch-size (caps samples per micro-batch)
-- weights: --update-weight-transport (disk), --update-weight-disk-dir, --update-weight-disk-keep-files,
-  --update-weights-interval
+- weights: --update-weight-transport (disk; nccl with --engine-type sglang, GPU only, UNTESTED),
+  --update-weight-disk-dir, --update-weight-disk-keep-files, --update-weights-interval,
+  --update-weight-buffer-size
 - checkpoints: --load, --save, --save-interval, --start-rollout-id
 - eval: --eval-interval, --eval-prompt-data, --n-samples-per-eval-prompt, --skip-eval-before-train,
   --eval-temperature (ours, default: the rollout temperature)
@@ -35,13 +48,16 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
 - logging: --use-tensorboard, --tensorboard-dir, --use-wandb, --wandb-project, --wandb-group,
   --wandb-dir, --wandb-mode (offline by default here), --metrics-path (ours: JSONL, one line a step)
 - CI: --ci-test, --ci-train-rollout-logprob-abs-diff-threshold
-- ours for CPU: --engine-type (cpu), --ray-address, --ray-num-cpus, --engine-max-batch-size,
-  --engine-seed
+- ours: --engine-type (cpu; sglang launches real SGLang servers, GPU only, UNTESTED here),
+  --rollout-router (none: rollouts spread groups over the engines themselves; slime: our router in
+  front, slime/engine/router.py; sglang: sglang_router's launch_router, UNTESTED), --router-policy,
+  --ray-address, --ray-num-cpus, --engine-max-batch-size, --engine-seed
 
-Not implemented: --eval-function-path, --data-source-path, --buffer-filter-path (the buffer uses
-`pop_first`), sample filters, hooks, --rm-type built-ins, --partial-rollout, critic/PPO, SFT loss,
-async training (train_async.py), NCCL / tensor weight transport, data parallelism over several
-train actors.
+Not implemented: --data-source-path, --buffer-filter-path (the buffer uses `pop_first`), sample
+filters, sample hooks, --rm-type built-ins, --partial-rollout, --kl-coef (KL in the reward: use
+--use-kl-loss), critic-side flags beyond those above (--critic-num-nodes, ...), --loss-type
+custom_loss, CUDA-IPC weight transport in the loop (TensorWeightSync(mode="ipc") exists, unwired),
+tensor/pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -64,7 +80,6 @@ _IGNORED_MEGATRON_FLAGS = (
     "--bf16",
     "--sequence-parallel",
     "--use-dynamic-batch-size",
-    "--recompute-granularity",
     "--recompute-method",
     "--recompute-num-layers",
     "--attention-dropout",
@@ -89,15 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("cluster")
     g.add_argument("--actor-num-nodes", type=int, default=1)
     g.add_argument("--actor-num-gpus-per-node", type=int, default=1,
-                   help="train actors per node (this backend runs one train actor)")
+                   help="train ranks per node (data parallel; one Ray actor each)")
     g.add_argument("--num-gpus-per-node", type=int, default=8)
     g.add_argument("--rollout-num-gpus", type=int, default=None,
                    help="devices for engines (default: 1 engine; = actor devices under --colocate)")
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
     g.add_argument("--colocate", action="store_true", help="train actor and engines share bundles")
-    g.add_argument("--train-backend", default="torch", choices=["torch"])
-    g.add_argument("--engine-type", default="cpu", choices=["cpu"],
-                   help="ours: rollout engine implementation")
+    g.add_argument("--train-backend", default="torch", choices=["torch", "fsdp", "megatron"],
+                   help="torch: replicated data parallel; fsdp: FSDP2 sharding (GPU); megatron: GPU only, untested")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
+    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"],
+                   help="full: gradient checkpointing of every layer; selective: LM-head chunks only")
+    g.add_argument("--engine-type", default="cpu", choices=["cpu", "sglang"],
+                   help="ours: rollout engine implementation (sglang: real SGLang servers, GPU)")
+    g.add_argument("--rollout-router", default="none", choices=["none", "slime", "sglang"],
+                   help="ours: router in front of the engines (slime: ours; sglang: sglang_router)")
+    g.add_argument("--router-policy", default=None, help="sglang_router policy (e.g. consistent_hashing)")
     g.add_argument("--engine-max-batch-size", type=int, default=64, help="ours: CPU engine batch cap")
     g.add_argument("--engine-seed", type=int, default=0, help="ours: CPU engine sampling seed")
     g.add_argument("--ray-address", default=None, help="ours: join this Ray cluster instead of starting one")
@@ -148,9 +170,31 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reward-key", default=None)
     g.add_argument("--dynamic-sampling-filter-path", default=None)
     g.add_argument("--custom-config-path", default=None, help="YAML whose keys become attributes of args")
+    g.add_argument("--eval-function-path", default=None,
+                   help="rollout function called with evaluation=True (default: --rollout-function-path)")
+    g.add_argument("--custom-rollout-log-function-path", default=None,
+                   help="fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool | dict, "
+                        "after each rollout, before training (True: skip default rollout metrics; "
+                        "dict: numeric entries merged into the step metrics)")
+    g.add_argument("--custom-eval-rollout-log-function-path", default=None,
+                   help="fn(rollout_id, args, data, extra_metrics) -> bool | dict, after each eval")
+    g.add_argument("--custom-advantage-function-path", default=None,
+                   help="ours: fn(args, samples) -> list[float | list[float]] (per sample or per response "
+                        "token), replaces --advantage-estimator's advantages")
 
     g = p.add_argument_group("algorithm")
-    g.add_argument("--advantage-estimator", default="grpo", choices=["grpo", "gspo", "cispo"])
+    g.add_argument("--advantage-estimator", default="grpo",
+                   choices=["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo",
+                            "ppo"])
+    g.add_argument("--gamma", type=float, default=1.0, help="discount (reinforce_plus_plus, ppo GAE)")
+    g.add_argument("--lambd", type=float, default=1.0, help="GAE lambda (ppo)")
+    g.add_argument("--value-clip", type=float, default=0.2, help="critic value clip (ppo)")
+    g.add_argument("--critic-load", default=None, help="critic init weights (ppo; default: --hf-checkpoint)")
+    g.add_argument("--critic-lr", type=float, default=None, help="critic learning rate (ppo; default: --lr)")
+    g.add_argument("--num-critic-only-steps", type=int, default=0,
+                   help="ppo: first steps train only the critic (the policy waits)")
+    g.add_argument("--normalize-advantages", action="store_true",
+                   help="whiten advantages over all loss-mask tokens of the step")
     g.add_argument("--eps-clip", type=float, default=0.2)
     g.add_argument("--eps-clip-high", type=float, default=None)
     g.add_argument("--eps-clip-c", type=float, default=None)
@@ -168,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tis-clip-low", type=float, default=0.0)
     g.add_argument("--use-rollout-logprobs", action="store_true")
     g.add_argument("--num-steps-per-rollout", type=int, default=1, help="optimizer steps per rollout")
+    g.add_argument("--loss-type", default="policy_loss", choices=["policy_loss", "sft_loss"],
+                   help="sft_loss: masked NLL of the response tokens (advantages ignored), same aggregation")
 
     g = p.add_argument_group("optimizer")
     g.add_argument("--lr", type=float, default=1e-6)
@@ -176,12 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weight-decay", type=float, default=0.0)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--lr-warmup-iters", type=int, default=0)
     g.add_argument("--max-tokens-per-gpu", type=int, default=None, help="padded tokens per micro-batch")
     g.add_argument("--micro-batch-size", type=int, default=None, help="samples per micro-batch cap")
 
     g = p.add_argument_group("weight sync")
-    g.add_argument("--update-weight-transport", default="disk", choices=["disk"])
+    g.add_argument("--update-weight-transport", default="disk", choices=["disk", "nccl"],
+                   help="nccl: NCCL broadcast to SGLang engines (GPU, --engine-type sglang)")
+    g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024**2,
+                   help="bytes per weight-sync bucket (nccl transport)")
     g.add_argument("--update-weight-disk-dir", default=None, help="default: <save or tmp>/weights")
     g.add_argument("--update-weight-disk-keep-files", action="store_true")
     g.add_argument("--update-weights-interval", type=int, default=1)
@@ -257,11 +307,10 @@ def finalize_args(args: argparse.Namespace) -> None:
         raise ArgumentError("--use-tis and --use-rollout-logprobs are mutually exclusive")
     if args.use_kl_loss and args.kl_loss_coef == 0.0:
         raise ArgumentError("--use-kl-loss needs a non-zero --kl-loss-coef")
-    if args.actor_num_nodes * args.actor_num_gpus_per_node != 1:
-        raise ArgumentError(
-            "the torch backend trains in one actor: use --actor-num-nodes 1 --actor-num-gpus-per-node 1 "
-            "(data parallelism is not implemented)"
-        )
+    if args.actor_num_nodes * args.actor_num_gpus_per_node < 1:
+        raise ArgumentError("--actor-num-nodes x --actor-num-gpus-per-node must be >= 1")
+    if args.update_weight_transport == "nccl" and args.engine_type != "sglang":
+        raise ArgumentError("--update-weight-transport nccl needs --engine-type sglang (the CPU engine loads from disk)")
     if args.rollout_num_gpus is None:
         args.rollout_num_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node if args.colocate else 1
     if args.rollout_num_gpus % args.rollout_num_gpus_per_engine:

@@ -1,217 +1,100 @@
 """`python -m slime.train ...`: the synchronous RL loop with slime's flags (see slime/arguments.py).
 
-Per step:  generate (rollout + reward + dynamic filter)  ->  advantages  ->  train  ->  save every
-`--save-interval`  ->  weight sync (HF safetensors to disk, engines' update_weights_from_disk)  ->
-eval every `--eval-interval`. Before the first step the trainer's weights are pushed once, so the
-engines serve exactly what the trainer holds (also after a resume).
+Per step:  generate (rollout + reward + dynamic filter)  ->  rollout log hook  ->  advantages  ->
+train  ->  save every `--save-interval`  ->  weight sync (HF safetensors to disk, engines'
+update_weights_from_disk)  ->  eval every `--eval-interval` (+ eval log hook). Before the first step
+the trainer's weights are pushed once, so the engines serve exactly what the trainer holds (also
+after a resume). `python -m slime.train_async` runs the same pieces one step off-policy.
 
 Resume: with `--load` pointing at a `--save` directory that holds a checkpoint, weights, optimizer,
-RNG, the next step and the prompt source's position are restored; rerunning the same command after
-a crash continues with the same prompt order. Without a checkpoint there the run starts fresh.
+RNG and the next step come from the checkpoint and the prompt source's position from
+`{load}/rollout/global_dataset_state_dict_{step}.pt` (slime's `DataSource.save/load` file);
+rerunning the same command after a crash continues with the same prompt order. Without a
+checkpoint there the run starts fresh.
 
 Fault tolerance: engines are health-checked before each step and every
 `--rollout-health-check-interval` seconds during generation; a dead engine is restarted on its port
 with the current weights, and the step's failed groups are generated again.
 
 Metrics: one line per step in `--metrics-path` (JSONL, default `<save>/metrics.jsonl`), TensorBoard
-event files with `--use-tensorboard` (written by this module: no tensorboard package needed), wandb
-(offline unless `--wandb-mode online`) with `--use-wandb` when wandb is installed.
-
-Not implemented: the one-step-off-policy async mode (slime's train_async.py).
+event files with `--use-tensorboard`, wandb (offline unless `--wandb-mode online`) with
+`--use-wandb`; log hooks may add entries (slime/utils/log_hooks.py). Eval records are logged at the
+number of steps trained so far (0 before training), and the eval hook gets that number as rollout_id.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import copy
 import logging
 import math
 import shutil
-import socket
-import struct
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
-from slime.algorithms.advantages import grpo_advantages
+from slime.algorithms.estimators import Advantages, build_train_batch, policy_loss_type, ppo_advantages
 from slime.arguments import parse_args
 from slime.backends.checkpoint import LATEST_FILE
 from slime.rollout.base_types import call_rollout_fn
 from slime.rollout.data_source import RolloutDataSourceWithBuffer, load_prompts
-from slime.rollout.sglang_rollout import eval_rollout, generate_rollout
+from slime.rollout.sglang_rollout import eval_metrics, eval_prompts, generate_rollout
 from slime.utils.http_utils import close_shared_client
+from slime.utils.log_hooks import call_log_hook
+from slime.utils.metrics import MetricsWriter, TensorBoardWriter
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
+__all__ = ["MetricsWriter", "Run", "StepBatch", "TensorBoardWriter", "build_train_batch", "main"]
+
 logger = logging.getLogger("slime.train")
 
-
-# ---- metrics -----------------------------------------------------------------------------------
-
-
-def _crc32c(data: bytes) -> int:
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def _crc_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_CRC_TABLE = _crc_table()
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = _crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
-
-
-def _field(tag: int, payload: bytes) -> bytes:
-    return _varint(tag) + _varint(len(payload)) + payload
-
-
-class TensorBoardWriter:
-    """Scalars as TensorBoard event files (TFRecord framing of `Event` protos), written by hand.
-
-    Event{wall_time=1 (double), step=2 (int64), file_version=3 | summary=5}; Summary{value=1};
-    Value{tag=1, simple_value=2 (float)}. Each record: len u64, masked crc32c(len), data, crc(data).
-    """
-
-    def __init__(self, log_dir: str | Path):
-        self.dir = Path(log_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
-        self._file = open(self.dir / name, "ab")  # noqa: SIM115 - kept open for the run
-        self._write_event(_field(3 << 3 | 2, b"brain.Event:2"), step=0)
-
-    def _write_event(self, body: bytes, step: int) -> None:
-        event = b"\x09" + struct.pack("<d", time.time()) + b"\x10" + _varint(step) + body
-        header = struct.pack("<Q", len(event))
-        self._file.write(header + struct.pack("<I", _masked_crc(header)) + event
-                         + struct.pack("<I", _masked_crc(event)))
-        self._file.flush()
-
-    def add_scalars(self, metrics: dict[str, float], step: int) -> None:
-        values = b"".join(
-            _field(1 << 3 | 2, _field(1 << 3 | 2, tag.encode()) + b"\x15" + struct.pack("<f", value))
-            for tag, value in metrics.items()
-        )
-        self._write_event(_field(5 << 3 | 2, values), step)
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class MetricsWriter:
-    """The one writer of a run: JSONL always (when a path is known), TensorBoard and wandb on request."""
-
-    def __init__(self, args: argparse.Namespace):
-        path = args.metrics_path or (str(Path(args.save) / "metrics.jsonl") if args.save else None)
-        self.jsonl = None
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.jsonl = open(path, "a")  # noqa: SIM115 - kept open for the run
-        self.tb = None
-        if args.use_tensorboard:
-            tb_dir = args.tensorboard_dir or (str(Path(args.save) / "tensorboard") if args.save else "tensorboard")
-            self.tb = TensorBoardWriter(tb_dir)
-        self.wandb = None
-        if args.use_wandb:
-            try:
-                import wandb
-            except ImportError:
-                raise SystemExit(
-                    "--use-wandb needs the wandb package, which is not installed (it is not part of the CPU "
-                    "set): `pip install wandb`, or drop --use-wandb; --use-tensorboard and the JSONL metrics "
-                    "work without it"
-                ) from None
-            self.wandb = wandb.init(project=args.wandb_project, group=args.wandb_group, dir=args.wandb_dir,
-                                    mode=args.wandb_mode, config=_plain(vars(args)))
-
-    def log(self, step: int, metrics: dict[str, Any], kind: str = "train") -> None:
-        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
-        if self.jsonl is not None:
-            self.jsonl.write(json.dumps({"kind": kind, "step": step, **metrics}) + "\n")
-            self.jsonl.flush()
-        if self.tb is not None:
-            self.tb.add_scalars(scalars, step)
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=step)
-
-    def close(self) -> None:
-        for sink in (self.jsonl, self.tb):
-            if sink is not None:
-                sink.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-
-
-def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if isinstance(v, str | int | float | bool | type(None) | list)}
-
-
-# ---- advantages ----------------------------------------------------------------------------------
-
-
-def build_train_batch(args: argparse.Namespace, groups: Sequence[list[Sample]]) -> tuple[list[Sample], list[float]]:
-    """Samples to train on and one advantage each (GRPO-normalised rewards, grouped by group index).
-
-    Samples without response tokens are left out; `remove_sample` zeroes a loss mask; ABORTED /
-    FAILED samples get advantage 0 and stay out of their group's statistics.
-    """
-    samples = [s for g in groups for s in g if s.response_length > 0]
-    if not samples:
-        raise RuntimeError("the rollout produced no response tokens to train on")
-    for s in samples:
-        if s.remove_sample:
-            s.loss_mask = [0] * s.response_length
-    rewards = torch.tensor([float(s.get_reward_value(args)) for s in samples], dtype=torch.float64)
-    valid = torch.tensor([s.status not in (Sample.Status.ABORTED, Sample.Status.FAILED) for s in samples])
-    if args.disable_rewards_normalization:
-        adv = torch.where(valid, rewards, 0.0)
-    else:
-        group_index = torch.tensor([s.group_index if s.group_index is not None else i for i, s in enumerate(samples)])
-        std_normalize = not args.disable_grpo_std_normalization and args.n_samples_per_prompt > 1
-        adv = grpo_advantages(rewards, group_index, std_normalize=std_normalize, valid=valid)
-    return samples, adv.tolist()
-
-
-# ---- the run -------------------------------------------------------------------------------------
+# Rollout metrics kept when a rollout log hook returns True (loop bookkeeping, not rollout statistics).
+_BOOKKEEPING = ("rollout/time_s", "rollout/engine_restarts", "rollout/weight_staleness")
 
 
 def _has_checkpoint(path: str | None) -> bool:
     return bool(path) and (Path(path) / LATEST_FILE).is_file()
 
 
+def weight_staleness(rollout_id: int, samples: Sequence[Sample]) -> float | None:
+    """Mean number of train steps the generating weights lagged behind: step - weight version.
+
+    Engines serve weight version v after v train steps (sync_weights(v)); the synchronous loop reads 0,
+    the async loop 1 from its second step on. Uses each sample's first recorded version (None if none).
+    """
+    lags = []
+    for s in samples:
+        for version in s.weight_versions[:1]:
+            try:
+                lags.append(rollout_id - int(version))
+            except ValueError:
+                pass
+    return sum(lags) / len(lags) if lags else None
+
+
+@dataclass
+class StepBatch:
+    """One step's generated data, ready to train: samples, advantages and the rollout's metrics."""
+
+    rollout_id: int
+    samples: list[Sample]
+    advantages: Advantages | None  # None: ppo, computed from the critic's values at train time
+    metrics: dict[str, Any]
+    reward: float  # mean raw reward, for the progress line even when a hook hides the default metrics
+    started: float  # time.perf_counter() bounds of the generation
+    finished: float
+
+
 class Run:
-    """Everything one training run holds; `run()` is the loop of the module docstring."""
+    """Everything one training run holds, and the pieces of a step; `run()` is the synchronous loop."""
 
     def __init__(self, args: argparse.Namespace):
         from transformers import AutoTokenizer
@@ -222,9 +105,12 @@ class Run:
         self.ray_actors = ray_actors
         tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
         self.prompts = load_prompts(args, args.prompt_data, tokenizer)
-        self.eval_prompts = {name: load_prompts(args, path, tokenizer) for name, path in args.eval_datasets.items()}
-        self.data_source = RolloutDataSourceWithBuffer(self.prompts, args.n_samples_per_prompt, args=args,
-                                                       shuffle=args.rollout_shuffle, seed=args.rollout_seed)
+        for path in args.eval_datasets.values():
+            eval_prompts(args, path)  # fail early on a bad eval file
+        self.data_source = RolloutDataSourceWithBuffer(
+            self.prompts, args.n_samples_per_prompt, args=args, shuffle=args.rollout_shuffle,
+            seed=args.rollout_seed, save_dir=args.save, load_dir=args.load,
+        )
         if args.num_rollout is None:
             args.num_rollout = args.num_epoch * len(self.prompts) // args.rollout_batch_size
         self._tmp = None
@@ -234,19 +120,43 @@ class Run:
             weights_root = self._tmp
         self.weights_root = Path(weights_root)
         self.metrics = MetricsWriter(args)
+        self.bar: tqdm | None = None
+
+    # ---- setup, weights, eval ------------------------------------------------------------------
+
+    def _trainer_args(self) -> argparse.Namespace:
+        """The train actor maps grpo/gspo/cispo to a policy loss; other estimators train with ppo clip."""
+        args = self.args
+        if args.advantage_estimator in ("grpo", "gspo", "cispo"):
+            return args
+        assert policy_loss_type(args.advantage_estimator) == "ppo"
+        trainer_args = copy.copy(args)
+        trainer_args.advantage_estimator = "grpo"  # the train actor's name for the ppo clip loss
+        return trainer_args
 
     async def setup(self) -> int:
         """Ray, actors, checkpoint; returns the first step to run."""
         args = self.args
         self.ray_actors.init_ray(args)
         placement = self.ray_actors.create_placement(args)
-        self.trainer = self.ray_actors.TrainActor.options(**placement.options(placement.train_bundle, "train")).remote(args)
+        self.trainer = self.ray_actors.TrainActor.options(**placement.options(placement.train_bundle, "train")).remote(
+            self._trainer_args())
         self.engines = self.ray_actors.EnginePool(args, placement)
+        self.critic = None
+        if args.advantage_estimator == "ppo" and not args.custom_advantage_function_path:
+            from slime.critic import create_critic_actor
+
+            self.critic = create_critic_actor(args)
         start = 0
         if _has_checkpoint(args.load):
             loaded = await self.trainer.load.remote(args.load)
+            if self.critic is not None:
+                await self.critic.load.remote(args.load, int(loaded["iteration"]))
             state = loaded["data_state"]
-            self.data_source.load_state(state["data_source"])
+            if "data_source" in state:  # checkpoints written before the data-source file existed
+                self.data_source.load_state(state["data_source"])
+            else:
+                self.data_source.load(int(loaded["iteration"]))
             start = int(state["next_rollout_id"])
             logger.info("resumed from %s: next step %d", loaded["path"], start)
         elif args.load:
@@ -266,18 +176,30 @@ class Run:
             shutil.rmtree(old, ignore_errors=True)
 
     async def evaluate(self, step: int) -> None:
-        await self.engines.ensure_healthy()
-        metrics: dict[str, float] = {}
-        for name, prompts in self.eval_prompts.items():
-            metrics.update(await eval_rollout(self.args, name, prompts))
-        self.metrics.log(step, metrics, kind="eval")
-        logger.info("eval after %d steps: %s", step, " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-
-    async def step(self, rollout_id: int) -> dict[str, Any]:
+        """`--eval-function-path` (default: the rollout function) with evaluation=True, then the eval hook."""
         args = self.args
-        restarted = await self.engines.ensure_healthy()
-        watchdog = asyncio.create_task(self.engines.watch(args.rollout_health_check_interval))
+        await self.engines.ensure_healthy()
+        fn = load_function(args.eval_function_path or args.rollout_function_path)
+        started = time.perf_counter()
+        out = await call_rollout_fn(fn, args, step, self.data_source, evaluation=True)
+        metrics: dict[str, Any] = {**eval_metrics(args, out.data), **(out.metrics or {})}
+        path = args.custom_eval_rollout_log_function_path
+        if path:
+            hook = await call_log_hook(load_function(path), path, step, args, out.data, out.metrics)
+            metrics = {**({} if hook.skip_default else metrics), **hook.metrics}
+        metrics["eval/time_s"] = time.perf_counter() - started
+        self.metrics.log(step, metrics, kind="eval")
+        logger.info("eval after %d steps: %s", step,
+                    " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, int | float)))
+
+    # ---- the pieces of a step ------------------------------------------------------------------
+
+    async def generate(self, rollout_id: int) -> StepBatch:
+        """Rollout of step `rollout_id` (with engine health checks), rollout log hook, advantages."""
+        args = self.args
         restarts_before = self.engines.restarts
+        await self.engines.ensure_healthy()
+        watchdog = asyncio.create_task(self.engines.watch(args.rollout_health_check_interval))
         rollout_fn = load_function(args.rollout_function_path)
         extra = {"on_failure": self.engines.ensure_healthy} if rollout_fn is generate_rollout else {}
         started = time.perf_counter()
@@ -285,51 +207,115 @@ class Run:
             result = await call_rollout_fn(rollout_fn, args, rollout_id, self.data_source, evaluation=False, **extra)
         finally:
             watchdog.cancel()
-        rollout_metrics = {"rollout/time_s": time.perf_counter() - started, **(result.metrics or {})}
+        finished = time.perf_counter()
+        metrics: dict[str, Any] = {"rollout/time_s": finished - started, **(result.metrics or {})}
+        flat = [s for g in result.samples for s in g]
+        rewards = [float(s.get_reward_value(args)) for s in flat if s.reward is not None]
+        reward = sum(rewards) / len(rewards) if rewards else math.nan
+        metrics.setdefault("rollout/raw_reward", reward)
+        metrics["rollout/engine_restarts"] = float(self.engines.restarts - restarts_before)
+        staleness = weight_staleness(rollout_id, flat)
+        if staleness is not None:
+            metrics["rollout/weight_staleness"] = staleness
+        path = args.custom_rollout_log_function_path
+        if path:
+            hook = await call_log_hook(load_function(path), path, rollout_id, args, flat, result.metrics,
+                                       finished - started)
+            if hook.skip_default:
+                metrics = {k: v for k, v in metrics.items() if k in _BOOKKEEPING}
+            metrics.update(hook.metrics)
         samples, advantages = build_train_batch(args, result.samples)
-        rollout_metrics.setdefault("rollout/raw_reward", sum(float(s.get_reward_value(args)) for s in samples) / len(samples))
+        return StepBatch(rollout_id, samples, advantages, metrics, reward, started, finished)
+
+    async def train(self, batch: StepBatch) -> dict[str, Any]:
+        """One rollout's optimizer steps on the train actor; returns the step's full metrics.
+
+        ppo: the critic's values first (GAE advantages and returns), then the critic's value step and
+        the policy step side by side; the policy waits during `--num-critic-only-steps`.
+        """
+        args = self.args
         started = time.perf_counter()
-        train_metrics = await self.trainer.train.remote(samples, advantages)
-        metrics = {**rollout_metrics, **train_metrics, "train/time_s": time.perf_counter() - started,
-                   "rollout/engine_restarts": float(restarted + self.engines.restarts - restarts_before)}
-        if args.ci_test and rollout_id == 0:
+        advantages, critic_step = batch.advantages, None
+        if advantages is None:
+            values = await self.critic.values.remote(batch.samples)
+            advantages, returns, valid = ppo_advantages(args, batch.samples, values)
+            critic_step = self.critic.train.remote(batch.samples, returns, values, valid)
+        policy_step = None
+        if batch.rollout_id >= args.num_critic_only_steps or critic_step is None:
+            policy_step = self.trainer.train.remote(batch.samples, advantages)
+        train_metrics = await policy_step if policy_step is not None else {}
+        critic_metrics = await critic_step if critic_step is not None else {}
+        metrics = {**batch.metrics, **train_metrics, **critic_metrics, "train/time_s": time.perf_counter() - started}
+        if args.ci_test and batch.rollout_id == 0:
             diff = train_metrics.get("train/train_rollout_logprob_abs_diff", 0.0)
             if not diff < args.ci_train_rollout_logprob_abs_diff_threshold:
                 raise AssertionError(f"train/rollout log-prob mismatch {diff} >= "
                                      f"{args.ci_train_rollout_logprob_abs_diff_threshold} at step 0")
         return metrics
 
-    async def run(self) -> None:
+    async def end_step(
+        self,
+        batch: StepBatch,
+        metrics: dict[str, Any],
+        *,
+        in_flight: asyncio.Task | None = None,
+        next_data_state: dict[str, Any] | None = None,
+    ) -> None:
+        """Log, save, sync weights and evaluate after step `batch.rollout_id` trained.
+
+        `in_flight` (async mode) is the next step's generation: the weights are synced only after it
+        finished (never in the middle of a generation), and the saved data position is
+        `next_data_state`, the position before that generation drew its prompts.
+        """
+        args = self.args
+        rollout_id = batch.rollout_id
+        self.metrics.log(rollout_id, metrics)
+        if self.bar is not None:
+            self.bar.set_postfix(reward=f"{batch.reward:.3f}")
+        logger.info(
+            "step %d/%d reward=%.4f loss=%.4g logprob_diff=%.2e grad_norm=%.3g rollout %.1fs train %.1fs",
+            rollout_id + 1, args.num_rollout, batch.reward, metrics.get("train/loss", math.nan),
+            metrics.get("train/train_rollout_logprob_abs_diff", math.nan),
+            metrics.get("train/grad_norm", math.nan), batch.finished - batch.started, metrics["train/time_s"],
+        )
+        last = rollout_id + 1 == args.num_rollout
+        if args.save and args.save_interval and ((rollout_id + 1) % args.save_interval == 0 or last):
+            self.data_source.save(rollout_id, state=next_data_state if in_flight is not None else None)
+            if self.critic is not None:
+                await self.critic.save.remote(args.save, rollout_id)
+            path = await self.trainer.save.remote(args.save, rollout_id, {"next_rollout_id": rollout_id + 1})
+            logger.info("saved %s", path)
+        eval_due = bool(args.eval_interval) and (rollout_id + 1) % args.eval_interval == 0
+        if eval_due or ((rollout_id + 1) % args.update_weights_interval == 0 and not last):
+            if in_flight is not None:
+                await asyncio.wait([in_flight])  # its errors surface where the loop awaits it
+            await self.sync_weights(rollout_id + 1)
+        if eval_due:
+            await self.evaluate(rollout_id + 1)
+
+    # ---- loops ---------------------------------------------------------------------------------
+
+    async def start(self) -> int:
+        """Setup, optional eval before training and the progress bar; returns the first step."""
         args = self.args
         start = await self.setup()
         if args.eval_interval and not args.skip_eval_before_train and start == 0:
             await self.evaluate(0)
-        bar = tqdm(range(start, args.num_rollout), initial=start, total=args.num_rollout, desc="steps",
-                   dynamic_ncols=True, file=sys.stderr)
-        for rollout_id in bar:
-            metrics = await self.step(rollout_id)
-            self.metrics.log(rollout_id, metrics)
-            reward = metrics["rollout/raw_reward"]
-            bar.set_postfix(reward=f"{reward:.3f}")
-            logger.info(
-                "step %d/%d reward=%.4f loss=%.4g logprob_diff=%.2e grad_norm=%.3g rollout %.1fs train %.1fs",
-                rollout_id + 1, args.num_rollout, reward, metrics.get("train/loss", math.nan),
-                metrics.get("train/train_rollout_logprob_abs_diff", math.nan),
-                metrics.get("train/grad_norm", math.nan), metrics["rollout/time_s"], metrics["train/time_s"],
-            )
-            last = rollout_id + 1 == args.num_rollout
-            if args.save and args.save_interval and ((rollout_id + 1) % args.save_interval == 0 or last):
-                state = {"data_source": self.data_source.state(), "next_rollout_id": rollout_id + 1}
-                path = await self.trainer.save.remote(args.save, rollout_id, state)
-                logger.info("saved %s", path)
-            eval_due = bool(args.eval_interval) and (rollout_id + 1) % args.eval_interval == 0
-            if eval_due or ((rollout_id + 1) % args.update_weights_interval == 0 and not last):
-                await self.sync_weights(rollout_id + 1)
-            if eval_due:
-                await self.evaluate(rollout_id + 1)
-        bar.close()
+        self.bar = tqdm(total=args.num_rollout, initial=start, desc="steps", dynamic_ncols=True, file=sys.stderr)
+        return start
+
+    async def run(self) -> None:
+        """Synchronous loop: generate -> train -> end_step, one step after the other."""
+        start = await self.start()
+        for rollout_id in range(start, self.args.num_rollout):
+            batch = await self.generate(rollout_id)
+            metrics = await self.train(batch)
+            await self.end_step(batch, metrics)
+            self.bar.update()
 
     async def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
         if hasattr(self, "engines"):
             await self.engines.shutdown()
         await close_shared_client()
@@ -338,19 +324,19 @@ class Run:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
 
-async def _main(args: argparse.Namespace) -> None:
-    run = Run(args)
+async def _main(run_cls: type[Run], args: argparse.Namespace) -> None:
+    run = run_cls(args)
     try:
         await run.run()
     finally:
         await run.close()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None, run_cls: type[Run] = Run) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step log
     args = parse_args(argv)
-    asyncio.run(_main(args))
+    asyncio.run(_main(run_cls, args))
     import ray
 
     ray.shutdown()

@@ -14,6 +14,7 @@ from slime.algorithms.advantages import (
     token_rewards,
 )
 from slime.algorithms.aggregation import Aggregation, aggregate, masked_mean
+from slime.algorithms.estimators import ESTIMATORS, build_train_batch, builtin_advantages, policy_loss_type
 from slime.algorithms.kl import KLEstimator, kl_estimate
 from slime.algorithms.losses import (
     ClipResult,
@@ -29,11 +30,14 @@ from slime.algorithms.losses import (
 )
 
 __all__ = [
+    "ESTIMATORS",
     "Aggregation",
     "ClipResult",
     "KLEstimator",
     "PolicyLossConfig",
     "aggregate",
+    "build_train_batch",
+    "builtin_advantages",
     "cispo_loss",
     "discounted_returns",
     "drop_zero_variance_groups",
@@ -45,6 +49,7 @@ __all__ = [
     "masked_mean",
     "masked_whiten",
     "policy_loss",
+    "policy_loss_type",
     "ppo_clip_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",

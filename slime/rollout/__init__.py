@@ -30,6 +30,8 @@ from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.rollout.sglang_rollout import (
     GenerateState,
     RolloutFailedError,
+    eval_metrics,
+    eval_prompts,
     eval_rollout,
     generate,
     generate_and_rm,
@@ -43,7 +45,7 @@ __all__ = [
     "DataSource", "DynamicFilterOutput", "GenerateState", "Prompt", "PromptDataSource", "RolloutDataSource",
     "RolloutDataSourceWithBuffer", "RolloutFailedError", "RolloutFnEvalOutput", "RolloutFnTrainOutput",
     "async_rm", "batched_async_rm", "call_rollout_fn", "check_reward_nonzero_std",
-    "check_reward_nonzero_std_with_fallback", "eval_rollout", "generate", "generate_and_rm",
+    "check_reward_nonzero_std_with_fallback", "eval_metrics", "eval_prompts", "eval_rollout", "generate", "generate_and_rm",
     "generate_and_rm_group", "generate_rollout", "get_model_url", "load_prompts", "pop_first",
     "sampling_params_from_args",
 ]

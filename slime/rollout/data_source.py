@@ -111,9 +111,10 @@ class RolloutDataSource(DataSource):
     """
 
     def __init__(self, prompts: Sequence[Prompt], n_samples_per_prompt: int, *, shuffle: bool, seed: int,
-                 save_dir: str | Path | None = None):
+                 save_dir: str | Path | None = None, load_dir: str | Path | None = None):
         self.prompts = list(prompts)
-        self.save_dir = save_dir
+        self.save_dir = save_dir  # slime's --save
+        self.load_dir = load_dir if load_dir is not None else save_dir  # slime's --load
         self.n = n_samples_per_prompt
         self.shuffle, self.seed = shuffle, seed
         self.epoch, self.offset = 0, 0
@@ -182,31 +183,40 @@ class RolloutDataSource(DataSource):
             "RolloutDataSource keeps no sample buffer: use RolloutDataSourceWithBuffer to give groups back"
         )
 
-    def _state_path(self, rollout_id: int) -> Path:
-        if self.save_dir is None:
-            raise ValueError("this data source has no save_dir: pass save_dir= (slime's --save) to save/load it")
-        return Path(self.save_dir) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
+    def _state_path(self, rollout_id: int, root: str | Path | None) -> Path:
+        if root is None:
+            raise ValueError("this data source has no save_dir/load_dir: pass them (slime's --save / --load)")
+        return Path(root) / "rollout" / f"global_dataset_state_dict_{rollout_id}.pt"
 
-    def save(self, rollout_id: int) -> None:
-        """Write `state()` to `{save_dir}/rollout/global_dataset_state_dict_{rollout_id}.pt`."""
+    def save(self, rollout_id: int, state: dict[str, Any] | None = None) -> None:
+        """Write `state()` to `{save_dir}/rollout/global_dataset_state_dict_{rollout_id}.pt`.
+
+        `state` (ours) writes that position instead of the current one: the async loop saves the
+        position before the draws of the step already in flight. Written atomically (rename).
+        """
         import torch
 
-        path = self._state_path(rollout_id)
+        path = self._state_path(rollout_id, self.save_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(self.state(), path)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self.state() if state is None else state, tmp)
+        tmp.replace(path)
 
     def load(self, rollout_id: int | None = None) -> None:
-        """Restore what `save(rollout_id)` wrote (the newest saved step when `rollout_id` is None)."""
+        """Restore what `save(rollout_id)` wrote under `load_dir` (the newest saved step when None)."""
         import torch
 
         if rollout_id is None:
-            folder = self._state_path(0).parent
+            folder = self._state_path(0, self.load_dir).parent
             saved = sorted(int(p.stem.rsplit("_", 1)[1]) for p in folder.glob("global_dataset_state_dict_*.pt"))
             if not saved:
                 logger.info("no data-source state under %s: starting from the beginning", folder)
                 return
             rollout_id = saved[-1]
-        self.load_state(torch.load(self._state_path(rollout_id), weights_only=False))
+        path = self._state_path(rollout_id, self.load_dir)
+        if not path.is_file():
+            raise FileNotFoundError(f"no data-source state {path}: was step {rollout_id} saved with --save there?")
+        self.load_state(torch.load(path, weights_only=False))
 
 
 PromptDataSource = RolloutDataSource  # the name this package used before slime's module layout
@@ -232,8 +242,10 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
 
     def __init__(self, prompts: Sequence[Prompt], n_samples_per_prompt: int, *, shuffle: bool, seed: int,
                  save_dir: str | Path | None = None, args: argparse.Namespace | None = None,
-                 buffer_filter: Callable[..., list[list[Sample]]] | None = None):
-        super().__init__(prompts, n_samples_per_prompt, shuffle=shuffle, seed=seed, save_dir=save_dir)
+                 buffer_filter: Callable[..., list[list[Sample]]] | None = None,
+                 load_dir: str | Path | None = None):
+        super().__init__(prompts, n_samples_per_prompt, shuffle=shuffle, seed=seed, save_dir=save_dir,
+                         load_dir=load_dir)
         self.args = args
         path = getattr(args, "buffer_filter_path", None)
         self.buffer_filter = buffer_filter or (load_function(path) if path else pop_first)

@@ -310,16 +310,50 @@ async def _eval_samples(args: argparse.Namespace, prompts: Sequence[Prompt]) -> 
     return [s for g in results for s in g]
 
 
+_EVAL_PROMPTS: dict[tuple[str, str], list[Prompt]] = {}
+
+
+def eval_prompts(args: argparse.Namespace, path: str) -> list[Prompt]:
+    """An eval set's prompts, read and tokenised once per process (evals repeat every few steps)."""
+    key = (str(path), str(args.hf_checkpoint))
+    if key not in _EVAL_PROMPTS:
+        _EVAL_PROMPTS[key] = load_prompts(args, path, GenerateState(args).tokenizer)
+    return _EVAL_PROMPTS[key]
+
+
 async def _eval_rollout_output(args: argparse.Namespace) -> RolloutFnEvalOutput:
+    """Every `--eval-prompt-data` set through `generate_and_rm_group(..., evaluation=True)`."""
     data = {}
     for name, path in args.eval_datasets.items():
-        samples = await _eval_samples(args, load_prompts(args, path, GenerateState(args).tokenizer))
+        samples = await _eval_samples(args, eval_prompts(args, path))
         data[name] = {
             "rewards": [s.get_reward_value(args) for s in samples],
             "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
             "samples": samples,
         }
     return RolloutFnEvalOutput(data=data)
+
+
+def eval_metrics(args: argparse.Namespace, data: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Default eval metrics per set: mean reward, response length and truncated ratio.
+
+    eval/{name} = mean reward; eval/{name}_response_len; eval/{name}_truncated_ratio. Reads
+    `rewards` and `truncated` (and `samples` for lengths when present) of slime's eval dict.
+    """
+    metrics: dict[str, float] = {}
+    for name, result in data.items():
+        rewards = [float(r[args.reward_key] if isinstance(r, dict) else r) for r in result.get("rewards") or []
+                   if r is not None]
+        if not rewards:
+            continue
+        metrics[f"eval/{name}"] = sum(rewards) / len(rewards)
+        samples = result.get("samples") or []
+        if samples:
+            metrics[f"eval/{name}_response_len"] = sum(s.response_length for s in samples) / len(samples)
+        truncated = result.get("truncated") or []
+        if truncated:
+            metrics[f"eval/{name}_truncated_ratio"] = sum(bool(t) for t in truncated) / len(truncated)
+    return metrics
 
 
 async def eval_rollout(

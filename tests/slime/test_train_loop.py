@@ -18,7 +18,8 @@ import pytest
 from slime.arguments import parse_args
 from slime.models.tiny import build_tiny_model
 from slime.rollout import Prompt, PromptDataSource, check_reward_nonzero_std
-from slime.train import _masked_crc, build_train_batch
+from slime.train import build_train_batch
+from slime.utils.metrics import _masked_crc
 from slime.utils.types import Sample
 
 REPO = Path(__file__).resolve().parents[2]

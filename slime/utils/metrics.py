@@ -1,0 +1,136 @@
+"""Where a run's metrics go: JSONL (one line a step), TensorBoard event files, wandb.
+
+TensorBoard files are written by hand (no tensorboard package needed); wandb is optional and
+offline unless `--wandb-mode online`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _crc_table() -> list[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = _crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        bits = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(bits | 0x80)
+        else:
+            out.append(bits)
+            return bytes(out)
+
+
+def _field(tag: int, payload: bytes) -> bytes:
+    return _varint(tag) + _varint(len(payload)) + payload
+
+
+class TensorBoardWriter:
+    """Scalars as TensorBoard event files (TFRecord framing of `Event` protos), written by hand.
+
+    Event{wall_time=1 (double), step=2 (int64), file_version=3 | summary=5}; Summary{value=1};
+    Value{tag=1, simple_value=2 (float)}. Each record: len u64, masked crc32c(len), data, crc(data).
+    """
+
+    def __init__(self, log_dir: str | Path):
+        self.dir = Path(log_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        self._file = open(self.dir / name, "ab")  # noqa: SIM115 - kept open for the run
+        self._write_event(_field(3 << 3 | 2, b"brain.Event:2"), step=0)
+
+    def _write_event(self, body: bytes, step: int) -> None:
+        event = b"\x09" + struct.pack("<d", time.time()) + b"\x10" + _varint(step) + body
+        header = struct.pack("<Q", len(event))
+        self._file.write(header + struct.pack("<I", _masked_crc(header)) + event
+                         + struct.pack("<I", _masked_crc(event)))
+        self._file.flush()
+
+    def add_scalars(self, metrics: dict[str, float], step: int) -> None:
+        values = b"".join(
+            _field(1 << 3 | 2, _field(1 << 3 | 2, tag.encode()) + b"\x15" + struct.pack("<f", value))
+            for tag, value in metrics.items()
+        )
+        self._write_event(_field(5 << 3 | 2, values), step)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class MetricsWriter:
+    """The one writer of a run: JSONL always (when a path is known), TensorBoard and wandb on request."""
+
+    def __init__(self, args: argparse.Namespace):
+        path = args.metrics_path or (str(Path(args.save) / "metrics.jsonl") if args.save else None)
+        self.jsonl = None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.jsonl = open(path, "a")  # noqa: SIM115 - kept open for the run
+        self.tb = None
+        if args.use_tensorboard:
+            tb_dir = args.tensorboard_dir or (str(Path(args.save) / "tensorboard") if args.save else "tensorboard")
+            self.tb = TensorBoardWriter(tb_dir)
+        self.wandb = None
+        if args.use_wandb:
+            try:
+                import wandb
+            except ImportError:
+                raise SystemExit(
+                    "--use-wandb needs the wandb package, which is not installed (it is not part of the CPU "
+                    "set): `pip install wandb`, or drop --use-wandb; --use-tensorboard and the JSONL metrics "
+                    "work without it"
+                ) from None
+            self.wandb = wandb.init(project=args.wandb_project, group=args.wandb_group, dir=args.wandb_dir,
+                                    mode=args.wandb_mode, config=_plain(vars(args)))
+
+    def log(self, step: int, metrics: dict[str, Any], kind: str = "train") -> None:
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        if self.jsonl is not None:
+            self.jsonl.write(json.dumps({"kind": kind, "step": step, **metrics}) + "\n")
+            self.jsonl.flush()
+        if self.tb is not None:
+            self.tb.add_scalars(scalars, step)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        for sink in (self.jsonl, self.tb):
+            if sink is not None:
+                sink.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if isinstance(v, str | int | float | bool | type(None) | list)}
