@@ -12,8 +12,9 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
   `torch` (HF model; N = actor nodes x GPUs per node data-parallel ranks, gradients summed over
   gloo on CPU / nccl on GPU), `fsdp` (ours, slime's old FSDP backend name: the torch backend with
   FSDP2 parameter/gradient/optimizer sharding, required on GPU for Qwen3-4B on 80 GB cards; `--bf16`
-  then computes in bf16 with fp32 weights), `megatron` (GPU only, UNTESTED: see
-  slime/backends/megatron_backend.py); --recompute-granularity full (HF gradient checkpointing +
+  then computes in bf16 with fp32 weights), `megatron` (a megatron-core GPTModel
+  with TP = PP = 1 trained by the torch loop, needs megatron-core from the gpu extra; CPU-tested when
+  installed, GPU untested; see slime/backends/megatron_backend.py); --recompute-granularity full (HF gradient checkpointing +
   LM-head chunk recompute) or selective (LM-head chunks only)
 - model: --hf-checkpoint, --model-name, --ref-load
 - data: --prompt-data, --input-key, --label-key, --metadata-key, --apply-chat-template,
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
     g.add_argument("--colocate", action="store_true", help="train actor and engines share bundles")
     g.add_argument("--train-backend", default="torch", choices=["torch", "fsdp", "megatron"],
-                   help="torch: replicated data parallel; fsdp: FSDP2 sharding (GPU); megatron: GPU only, untested")
+                   help="torch: replicated data parallel; fsdp: FSDP2 sharding; megatron: megatron-core model, TP=PP=1")
     g.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
     g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"],
                    help="full: gradient checkpointing of every layer; selective: LM-head chunks only")

@@ -1,31 +1,34 @@
-"""Ray placement and the actors of a run: one train actor and the rollout engines.
+"""Ray placement and the actors of a run: the train ranks and the rollout engines.
 
 One placement group of bundles, `{"GPU": 1, "CPU": 1}` on GPU machines and `{"CPU": 1}` here.
-Separate mode: bundles = train devices + rollout devices, the train actor on the first, engine i on
+Separate mode: bundles = train ranks + rollout devices, train rank r on bundle r, engine i on
 `train + i * per_engine`. Colocated (`--colocate`): bundles = max(train, rollout), engines share
-the train actor's bundles and each actor takes a fraction of them (slime: 0.4 GPU train, 0.2 GPU
+the train ranks' bundles and each actor takes a fraction of them (slime: 0.4 GPU train, 0.2 GPU
 engine; here 0.5 / 0.5 CPU). On 2 real cores the local cluster declares `--ray-num-cpus` logical
 CPUs (platform-facts section 8), so these reservations are bookkeeping, not pinning.
 
-`EnginePool` owns the engine actors from the driver: start, health checks, restart of a dead engine
-on its old port with the current weights (so in-flight HTTP retries reach the new process), and
-the disk weight sync (`update_weights_from_disk` on every engine).
+`TrainActor` is train rank 0; with N > 1 ranks it starts and leads the others (data parallel, see
+its docstring), so the driver holds one handle whatever N. `EnginePool` (slime/engine/pool.py,
+re-exported here) owns the engine actors: start, health checks and restarts, router, weight sync.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import time
+import socket
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from slime.engine.pool import EngineActor, EnginePool, EngineStartError, _quiet_transformers
+
+__all__ = ["EngineActor", "EnginePool", "EngineStartError", "Placement", "TrainActor", "create_placement",
+           "init_ray"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +56,17 @@ class Placement:
 
     def options(self, bundle: int, role: str) -> dict[str, Any]:
         """Ray actor options for `role` ("train" or "engine") in `bundle`."""
-        share = {"train": 0.4, "engine": 0.2} if self.colocate else {"train": 1.0, "engine": 1.0}
-        resources: dict[str, Any] = (
-            {"num_gpus": share[role], "num_cpus": 0} if self.use_gpu else {"num_cpus": 0.5 if self.colocate else 1}
-        )
-        strategy = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=bundle)
-        return {**resources, "scheduling_strategy": strategy, "max_restarts": 0}
+        return actor_options(self.group, bundle, role, self.use_gpu, self.colocate)
+
+
+def actor_options(group: PlacementGroup, bundle: int, role: str, use_gpu: bool, colocate: bool) -> dict[str, Any]:
+    """Ray actor options for `role` ("train" or "engine") in `bundle` of `group` (shares: module docstring)."""
+    share = {"train": 0.4, "engine": 0.2} if colocate else {"train": 1.0, "engine": 1.0}
+    resources: dict[str, Any] = (
+        {"num_gpus": share[role], "num_cpus": 0} if use_gpu else {"num_cpus": 0.5 if colocate else 1}
+    )
+    strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=bundle)
+    return {**resources, "scheduling_strategy": strategy, "max_restarts": 0}
 
 
 def create_placement(args: argparse.Namespace) -> Placement:
@@ -76,226 +84,89 @@ def create_placement(args: argparse.Namespace) -> Placement:
     return Placement(group, use_gpu, 0, engines, args.colocate)
 
 
-def _quiet_transformers() -> None:
-    """No per-save / per-load progress bars from transformers in actor logs (one a weight sync)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 @ray.remote
 class TrainActor:
-    """Holds the `TorchTrainer`: log-probs, policy steps, checkpoints and HF export."""
+    """Train rank `rank` (a `slime.backends.train_worker.TrainWorker`); rank 0 also leads the others.
 
-    def __init__(self, args: argparse.Namespace):
+    The driver creates rank 0 only. With `--actor-num-nodes x --actor-num-gpus-per-node` = N > 1,
+    rank 0 picks the rendezvous address (its node IP, a free port), starts ranks 1..N-1 in bundles
+    1..N-1 of its own placement group, and forwards every call (train, save, load, export) to them
+    while running its own part: the group looks like one actor to the driver, so `train.py` is the
+    same for one rank or many. Results are rank 0's (metrics are already combined over ranks).
+    """
+
+    def __init__(self, args: argparse.Namespace, rank: int = 0, master: tuple[str, int] | None = None):
         import torch
 
-        from slime.backends.torch_backend import TorchTrainer, TrainerConfig
+        from slime.backends.train_worker import TrainWorker, world_size
 
         _quiet_transformers()
         torch.set_num_threads(max(os.cpu_count() or 1, 1))
-        torch.manual_seed(args.seed)
-        self.args = args
-        config = TrainerConfig(
-            lr=args.lr,
-            weight_decay=args.weight_decay,
-            adam_beta1=args.adam_beta1,
-            adam_beta2=args.adam_beta2,
-            clip_grad=args.clip_grad,
-            lr_warmup_steps=args.lr_warmup_iters,
-            max_tokens_per_micro_batch=args.max_tokens_per_gpu or 16384,
-            max_samples_per_micro_batch=args.micro_batch_size,
-        )
-        ref = (args.ref_load or args.hf_checkpoint) if args.use_kl_loss else None
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.trainer = TorchTrainer(args.hf_checkpoint, config, ref_model=ref, device=device)
-        self._tokenizer = None
+        world = world_size(args)
+        self.followers: list[Any] = []
+        if world > 1 and rank == 0:
+            master = (ray.util.get_node_ip_address(), _free_port())
+            group = ray.util.get_current_placement_group()
+            use_gpu = bool(ray.get_gpu_ids())
+            for r in range(1, world):
+                opts = {"num_cpus": 0} if group is None else actor_options(group, r, "train", use_gpu, args.colocate)
+                self.followers.append(TrainActor.options(**opts).remote(args, r, master))
+        addr, port = master or (None, None)
+        self.worker = TrainWorker(args, rank=rank, world=world, master_addr=addr, master_port=port)
+        if self.followers:
+            ray.get([f.pid.remote() for f in self.followers])
+
+    def _fan_out(self, method: str, *call_args: Any) -> Any:
+        """Start `method` on every follower, run it here, then wait for them (errors surface here)."""
+        pending = [getattr(f, method).remote(*call_args) for f in self.followers]
+        result = getattr(self.worker, method)(*call_args)
+        ray.get(pending)
+        return result
 
     def pid(self) -> int:
         return os.getpid()
 
+    def pids(self) -> list[int]:
+        """Every rank's process id, rank order."""
+        return [os.getpid(), *ray.get([f.pid.remote() for f in self.followers])]
+
     def load(self, path: str) -> dict[str, Any]:
-        return self.trainer.load_checkpoint(path)
+        return self._fan_out("load", path)
 
     def save(self, save_dir: str, iteration: int, data_state: dict[str, Any]) -> str:
-        return self.trainer.save_checkpoint(save_dir, iteration=iteration, data_state=data_state)
+        return self._fan_out("save", save_dir, iteration, data_state)
 
     def export(self, out_dir: str) -> str:
-        """An HF folder with tokenizer, loadable by any engine."""
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
+        """An HF folder with tokenizer, loadable by any engine (rank 0 writes it)."""
+        return self._fan_out("export", out_dir)
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.args.hf_checkpoint)
-        return self.trainer.export_hf(out_dir, self._tokenizer)
+    def update_weights_tensor(self, engine_urls: list[str], tp_sizes: list[int], version: int,
+                              bucket_bytes: int) -> str:
+        """NCCL weight sync to SGLang engines (GPU only, UNTESTED HERE): rank 0 broadcasts, FSDP
+        followers take part in gathering the full tensors."""
+        return self._fan_out("update_weights_tensor", engine_urls, tp_sizes, version, bucket_bytes,
+                             ray.util.get_node_ip_address())
 
-    def train(self, samples: list[Any], advantages: list[float]) -> dict[str, float]:
-        """Old log-probs once for the whole rollout, then `--num-steps-per-rollout` optimizer steps."""
-        from slime.algorithms.losses import PolicyLossConfig
+    def reset_tensor_sync(self) -> None:
+        """Drop the NCCL update group (engines changed); the next tensor sync forms a new one."""
+        self._fan_out("reset_tensor_sync")
 
-        args = self.args
-        temperature = args.rollout_temperature
-        metrics: dict[str, float] = {}
-        old = None
-        if not args.use_rollout_logprobs:
-            started = time.perf_counter()
-            old = self.trainer.compute_log_probs(samples, temperature)
-            metrics["train/log_probs_time_s"] = time.perf_counter() - started
-            diffs = [
-                abs(a - b) for s, lps in zip(samples, old, strict=True) if s.rollout_log_probs is not None
-                for a, b, m in zip(lps, s.rollout_log_probs, s.loss_mask or [1] * s.response_length, strict=True)
-                if m
-            ]
-            if diffs:
-                metrics["train/train_rollout_logprob_abs_diff_max"] = max(diffs)
-        config = PolicyLossConfig(
-            loss_type={"grpo": "ppo", "gspo": "gspo", "cispo": "cispo"}[args.advantage_estimator],
-            eps_clip=args.eps_clip,
-            eps_clip_high=args.eps_clip_high,
-            eps_clip_c=args.eps_clip_c,
-            aggregation="token_mean" if args.calculate_per_token_loss else "sequence_mean",
-            entropy_coef=args.entropy_coef,
-            kl_loss_coef=args.kl_loss_coef if args.use_kl_loss else 0.0,
-            kl_loss_type=args.kl_loss_type,
-            use_unbiased_kl=args.use_unbiased_kl,
-            use_tis=args.use_tis,
-            tis_clip_low=args.tis_clip_low,
-            tis_clip=args.tis_clip,
-        )
-        steps = max(1, min(args.num_steps_per_rollout, len(samples)))
-        bounds = [round(i * len(samples) / steps) for i in range(steps + 1)]
-        per_step = []
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-            per_step.append(self.trainer.train_step(
-                samples[lo:hi], advantages[lo:hi], config, temperature=temperature,
-                old_log_probs=None if old is None else old[lo:hi],
-                use_rollout_logprobs=args.use_rollout_logprobs,
-            ))
-        for key in per_step[0]:
-            metrics[f"train/{key}"] = sum(m[key] for m in per_step) / len(per_step)
-        return metrics
+    def train(self, samples: list[Any], advantages: list[Any] | None = None,
+              loss_type: str | None = None) -> dict[str, float]:
+        """Old log-probs once for the whole rollout, then `--num-steps-per-rollout` optimizer steps.
 
-
-@ray.remote
-class EngineActor:
-    """One rollout engine (the CPU engine here) serving SGLang's HTTP API from this actor's process."""
-
-    def __init__(self, model_path: str, port: int, seed: int, max_batch_size: int):
-        import torch
-
-        from slime.engine.cpu_server import CPUEngine
-
-        _quiet_transformers()
-        torch.set_num_threads(max(os.cpu_count() or 1, 1))
-        self.engine = CPUEngine(model_path, host="127.0.0.1", port=port, seed=seed, max_batch_size=max_batch_size)
-
-    def start(self) -> dict[str, Any]:
-        url = self.engine.start()
-        return {"url": url, "port": self.engine.port, "pid": os.getpid()}
-
-    def update_weights_from_disk(self, path: str, version: str) -> str:
-        return self.engine.update_weights_from_disk(path, weight_version=version)
-
-    def shutdown(self) -> None:
-        self.engine.shutdown()
-
-
-class EngineStartError(RuntimeError):
-    """An engine could not be started or restarted."""
-
-
-class EnginePool:
-    """The engines of a run, driven from the driver's event loop.
-
-    `args.rollout_engine_urls` (and `sglang_router_ip/port`, for plugins that post to the router
-    address) always name the live engines; `args.rollout_engine_pids` their processes.
-    """
-
-    def __init__(self, args: argparse.Namespace, placement: Placement):
-        self.args = args
-        self.placement = placement
-        self.handles: list[Any] = [None] * len(placement.engine_bundles)
-        self.ports: list[int] = [0] * len(placement.engine_bundles)
-        self.weights_path = args.hf_checkpoint
-        self.weight_version = "0"
-        self.restarts = 0
-        self._info: dict[int, dict[str, Any]] = {}
-        self._lock = asyncio.Lock()
-        self._http = httpx.AsyncClient(timeout=5.0, trust_env=False)
-
-    async def start(self) -> None:
-        await asyncio.gather(*(self._start_one(i) for i in range(len(self.handles))))
-        self._publish()
-
-    async def _start_one(self, i: int) -> None:
-        opts = self.placement.options(self.placement.engine_bundles[i], "engine")
-        a = self.args
-        for port in dict.fromkeys((self.ports[i], 0)):  # old port first, so HTTP retries reconnect
-            handle = EngineActor.options(**opts).remote(self.weights_path, port, a.engine_seed + i,
-                                                        a.engine_max_batch_size)
-            try:
-                info = await handle.start.remote()
-            except Exception as exc:  # noqa: BLE001 - bind races surface as actor errors; try a new port
-                logger.warning("engine %d did not start on port %d (%s)", i, port, exc)
-                ray.kill(handle, no_restart=True)
-                continue
-            self.handles[i], self.ports[i] = handle, info["port"]
-            self._info[i] = info
-            if self.weight_version != "0":
-                await handle.update_weights_from_disk.remote(self.weights_path, self.weight_version)
-            logger.info("engine %d serving %s (pid %d, weights %s)", i, info["url"], info["pid"], self.weight_version)
-            return
-        raise EngineStartError(f"engine {i} failed to start from {self.weights_path}")
-
-    def _publish(self) -> None:
-        infos = [self._info[i] for i in range(len(self.handles))]
-        self.args.rollout_engine_urls = [info["url"] for info in infos]
-        self.args.rollout_engine_pids = [info["pid"] for info in infos]
-        self.args.sglang_router_ip = "127.0.0.1"
-        self.args.sglang_router_port = infos[0]["port"]
-
-    async def _healthy(self, i: int) -> bool:
-        url = self._info[i]["url"]
-        for _ in range(2):
-            try:
-                if (await self._http.get(f"{url}/health")).status_code == 200:
-                    return True
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.2)
-        return False
-
-    async def ensure_healthy(self, *_: Any) -> int:
-        """Restart every engine that does not answer /health; returns how many were restarted."""
-        async with self._lock:
-            dead = [i for i in range(len(self.handles)) if not await self._healthy(i)]
-            for i in dead:
-                logger.error("engine %d at %s is not answering: restarting it with weights %s",
-                             i, self._info[i]["url"], self.weight_version)
-                ray.kill(self.handles[i], no_restart=True)
-                await self._start_one(i)
-                self.restarts += 1
-            if dead:
-                self._publish()
-            return len(dead)
-
-    async def watch(self, interval_s: float) -> None:
-        """Health-check every `interval_s` seconds until cancelled (run beside a step's generation)."""
-        while True:
-            await asyncio.sleep(interval_s)
-            await self.ensure_healthy()
-
-    async def update_weights(self, path: str, version: str) -> None:
-        """Point every engine at the HF folder `path` (disk transport) and record it for restarts."""
-        async with self._lock:
-            self.weights_path, self.weight_version = path, version
-            await asyncio.gather(*(h.update_weights_from_disk.remote(path, version) for h in self.handles))
-
-    async def shutdown(self) -> None:
-        for handle in self.handles:
-            if handle is not None:
-                try:
-                    await asyncio.wait_for(handle.shutdown.remote(), timeout=20)
-                except Exception:  # noqa: BLE001 - best effort at exit; the actor is killed next
-                    pass
-                ray.kill(handle, no_restart=True)
-        await self._http.aclose()
+        loss_type overrides --loss-type for this call (sft_loss: masked NLL, advantages ignored).
+        """
+        if self.followers:
+            samples_ref, adv_ref = ray.put(samples), ray.put(advantages)
+            pending = [f.train.remote(samples_ref, adv_ref, loss_type) for f in self.followers]
+            result = self.worker.train(samples, advantages, loss_type)
+            ray.get(pending)
+            return result
+        return self.worker.train(samples, advantages, loss_type)

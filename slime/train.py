@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import logging
 import math
 import shutil
@@ -40,7 +39,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from slime.algorithms.estimators import Advantages, build_train_batch, policy_loss_type, ppo_advantages
+from slime.algorithms.estimators import Advantages, build_train_batch, ppo_advantages
 from slime.arguments import parse_args
 from slime.backends.checkpoint import LATEST_FILE
 from slime.rollout.base_types import call_rollout_fn
@@ -124,23 +123,13 @@ class Run:
 
     # ---- setup, weights, eval ------------------------------------------------------------------
 
-    def _trainer_args(self) -> argparse.Namespace:
-        """The train actor maps grpo/gspo/cispo to a policy loss; other estimators train with ppo clip."""
-        args = self.args
-        if args.advantage_estimator in ("grpo", "gspo", "cispo"):
-            return args
-        assert policy_loss_type(args.advantage_estimator) == "ppo"
-        trainer_args = copy.copy(args)
-        trainer_args.advantage_estimator = "grpo"  # the train actor's name for the ppo clip loss
-        return trainer_args
-
     async def setup(self) -> int:
         """Ray, actors, checkpoint; returns the first step to run."""
         args = self.args
         self.ray_actors.init_ray(args)
         placement = self.ray_actors.create_placement(args)
         self.trainer = self.ray_actors.TrainActor.options(**placement.options(placement.train_bundle, "train")).remote(
-            self._trainer_args())
+            self.args)
         self.engines = self.ray_actors.EnginePool(args, placement)
         self.critic = None
         if args.advantage_estimator == "ppo" and not args.custom_advantage_function_path:
@@ -168,11 +157,10 @@ class Run:
         return start
 
     async def sync_weights(self, version: int) -> None:
-        """Disk transport: export HF safetensors, point every engine at them, drop the old folder."""
+        """--update-weight-transport disk (HF safetensors the engines load; old folder dropped) or nccl."""
         old = self.engines.weights_path
-        path = await self.trainer.export.remote(str(self.weights_root / f"weight_v{version:06d}"))
-        await self.engines.update_weights(path, str(version))
-        if not self.args.update_weight_disk_keep_files and old != path and Path(old).parent == self.weights_root:
+        path = await self.engines.sync_weights(self.trainer, version, str(self.weights_root / f"weight_v{version:06d}"))
+        if path and not self.args.update_weight_disk_keep_files and old != path and Path(old).parent == self.weights_root:
             shutil.rmtree(old, ignore_errors=True)
 
     async def evaluate(self, step: int) -> None:

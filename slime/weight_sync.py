@@ -8,6 +8,10 @@ flush the prefix cache (fails if requests still run: drain or abort them first),
 `engines` are `RolloutEngine`s; a `Router` counts as one engine for the disk path (it fans the update
 out and reloads engines that rejoin later), while the tensor paths need each engine's own URL.
 
+In a training run `slime.engine.pool.EnginePool.sync_weights` picks the path from
+`--update-weight-transport`: disk, or nccl, where the train actor runs `TensorWeightSync("nccl")` on
+`EngineClient`s (engines started by other actors, reached by URL).
+
 `DiskWeightSync` works everywhere and is the only path on CPU. `TensorWeightSync` is GPU-only and
 UNTESTED HERE: it is written against SGLang's `/update_weights_from_tensor` (CUDA IPC handles,
 `flattened_bucket` format) and `/init_weights_update_group` + `/update_weights_from_distributed`

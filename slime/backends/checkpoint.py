@@ -30,6 +30,9 @@ from safetensors.torch import load_file
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
 FORMAT_VERSION = 1
+# optimizer.pt's "optimizer_format" when its state is keyed by parameter name (portable across
+# world sizes and FSDP); absent: torch's `optimizer.state_dict()` keyed by parameter index.
+OPTIMIZER_BY_NAME = "by_name"
 
 
 def iteration_dir(save_dir: str | os.PathLike, iteration: int) -> Path:
@@ -44,10 +47,15 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     state: dict[str, Any],
+    model_state_dict: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write iteration `iteration` under `save_dir` atomically and point the latest file at it.
 
-    `state` must be JSON-serialisable (step counters, the data source's position).
+    `state` must be JSON-serialisable (step counters, the data source's position). Sharded or
+    replicated trainers pass the gathered full `model_state_dict` (HF names) and `optimizer_state`
+    (keyed by parameter name, `torch.distributed.checkpoint.state_dict` style) and call this on
+    rank 0 only; by default both are taken from `model` and `optimizer`.
     """
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -55,10 +63,13 @@ def save_checkpoint(
     final = iteration_dir(save_dir, iteration)
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     tmp.mkdir()
-    model.save_pretrained(tmp / "model")
-    torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt"
-    )
+    model.save_pretrained(tmp / "model", state_dict=model_state_dict)
+    opt: dict[str, Any] = {"scheduler": scheduler.state_dict()}
+    if optimizer_state is None:
+        opt["optimizer"] = optimizer.state_dict()
+    else:
+        opt.update(optimizer=optimizer_state, optimizer_format=OPTIMIZER_BY_NAME)
+    torch.save(opt, tmp / "optimizer.pt")
     torch.save(_torch_rng_state(), tmp / "rng.pt")
     payload = {"format": FORMAT_VERSION, "iteration": iteration, **_host_rng_state(), "state": state}
     (tmp / STATE_FILE).write_text(json.dumps(payload, indent=1))
@@ -92,18 +103,47 @@ def load_checkpoint(
     path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler and RNG states in place; returns the trainer_state payload."""
+    found, payload = read_state(path)
+    load_hf_weights(model, found / "model")
+    opt = read_optimizer(found)
+    if opt.get("optimizer_format") == OPTIMIZER_BY_NAME:
+        raise ValueError(f"{found} holds a by-name optimizer state: load it with TorchTrainer.load_checkpoint")
+    optimizer.load_state_dict(opt["optimizer"])
+    scheduler.load_state_dict(opt["scheduler"])
+    restore_rng(found, payload)
+    return payload
+
+
+def read_state(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """The iteration directory to load (see `resolve_checkpoint`) and its trainer_state payload."""
     found = resolve_checkpoint(path)
     payload = json.loads((found / STATE_FILE).read_text())
     if payload.get("format") != FORMAT_VERSION:
         raise ValueError(f"{found} has checkpoint format {payload.get('format')}, expected {FORMAT_VERSION}")
-    load_hf_weights(model, found / "model")
-    opt = torch.load(found / "optimizer.pt", weights_only=True)
-    optimizer.load_state_dict(opt["optimizer"])
-    scheduler.load_state_dict(opt["scheduler"])
+    payload["path"] = str(found)
+    return found, payload
+
+
+def read_optimizer(found: Path) -> dict[str, Any]:
+    """optimizer.pt of an iteration directory: optimizer and scheduler states (+ optimizer_format)."""
+    return torch.load(found / "optimizer.pt", weights_only=True)
+
+
+def read_hf_weights(model_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors files of a save_pretrained folder."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}: was it written by save_pretrained?")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(file))
+    return weights
+
+
+def restore_rng(found: Path, payload: dict[str, Any]) -> None:
+    """Restore torch, python and numpy RNG states saved with an iteration."""
     _set_torch_rng_state(torch.load(found / "rng.pt", weights_only=True))
     _set_host_rng_state(payload)
-    payload["path"] = str(found)
-    return payload
 
 
 def load_hf_weights(model: torch.nn.Module, model_dir: str | os.PathLike) -> None:
@@ -112,13 +152,7 @@ def load_hf_weights(model: torch.nn.Module, model_dir: str | os.PathLike) -> Non
     Keys missing from the files are accepted only when tied to a loaded tensor (e.g. lm_head.weight
     tied to the embeddings, which save_pretrained writes once).
     """
-    model_dir = Path(model_dir)
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}: was it written by save_pretrained?")
-    weights: dict[str, torch.Tensor] = {}
-    for file in files:
-        weights.update(load_file(file))
+    weights = read_hf_weights(model_dir)
     result = model.load_state_dict(weights, strict=False)
     if result.unexpected_keys:
         raise ValueError(f"{model_dir} holds weights the model lacks: {result.unexpected_keys[:5]}")
@@ -129,13 +163,17 @@ def load_hf_weights(model: torch.nn.Module, model_dir: str | os.PathLike) -> Non
         raise ValueError(f"{model_dir} lacks weights for {untied[:5]}: it was saved from another model")
 
 
-def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Any = None) -> Path:
-    """save_pretrained (and the tokenizer, when given) into `out_dir`, atomically; replaces an old export."""
+def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Any = None,
+              state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """save_pretrained (and the tokenizer, when given) into `out_dir`, atomically; replaces an old export.
+
+    `state_dict`: the gathered full weights (HF names) of a sharded model; default the model's own.
+    """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     _fsync_tree(tmp)

@@ -1,12 +1,11 @@
-"""The `torch` training backend: log-probs, policy-gradient steps and checkpoints for any HF causal LM.
+"""The `torch` training backend: log-probs, policy-gradient / SFT steps and checkpoints for any HF causal LM.
 
-Single process. The seams for data parallelism are `_global_divisor` (all-reduce the loss divisor
-across ranks) and the gradient/optimizer step (FSDP2 would wrap `model` and shard `optimizer`);
-neither is implemented here.
+One process per data-parallel rank (`slime.backends.distributed`): alone, as N replicas whose
+gradients are summed, or sharded with FSDP2 (`dp.fsdp`). Every method that touches the model is
+collective under data parallelism: all ranks call it, each with its own shard of the samples.
 
 Log-probs are computed on logits / temperature in fp32, only at the positions that score response
-tokens (see `slime.backends.batching` for the alignment), and the LM head runs over those positions
-in chunks so a [tokens, vocab] fp32 block of at most `logits_chunk_tokens` rows exists at a time.
+tokens (`slime.backends.log_probs`), the LM head in chunks of `logits_chunk_tokens` rows.
 """
 
 from __future__ import annotations
@@ -21,16 +20,27 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
-from slime.algorithms.losses import PolicyLossConfig, entropy_from_logits, policy_loss
+from slime.algorithms.losses import PolicyLossConfig, policy_loss
 from slime.backends import checkpoint as ckpt
+from slime.backends import state_dicts
 from slime.backends.batching import MicroBatch, pack_micro_batch, plan_micro_batches, scatter_back
+from slime.backends.distributed import (
+    DataParallel,
+    all_reduce_gradients,
+    apply_fsdp,
+    decoder_layers,
+    total_norm,
+)
+from slime.backends.log_probs import LogProbForward, response_log_probs
+from slime.backends.sft import LOSS_TYPES, sft_loss
 from slime.utils.types import Sample
 
-# Policy metrics that are already shares of the whole-batch loss (global divisor): summed over
-# micro-batches. Every other metric is a token mean of its micro-batch: averaged weighted by tokens.
-_SUMMED_METRICS = ("pg_loss", "kl_loss")
+__all__ = ["TorchTrainer", "TrainerConfig", "response_log_probs"]
+
+# Metrics that are already shares of the whole-batch loss (global divisor): summed over micro-batches
+# and ranks. Every other metric is a token mean of its micro-batch: averaged weighted by tokens.
+_SUMMED_METRICS = ("pg_loss", "kl_loss", "sft_loss")
 
 
 @dataclass(frozen=True)
@@ -47,74 +57,18 @@ class TrainerConfig:
     max_tokens_per_micro_batch: int | None = 16384  # padded tokens (samples x longest); None: no limit
     max_samples_per_micro_batch: int | None = None
     gradient_checkpointing: bool = False  # recompute layers and LM-head chunks in backward
+    recompute_logits: bool = False  # recompute only the LM-head chunks in backward
     logits_chunk_tokens: int = 4096
-
-
-def response_log_probs(
-    model: torch.nn.Module,
-    mb: MicroBatch,
-    temperature: float = 1.0,
-    *,
-    chunk_tokens: int = 4096,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-    recompute: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """Log-prob of every response token, [B, R] fp32 (0 on padding), and optionally its entropy.
-
-    lp_{i,j} = log_softmax(z_{i, P_i + j - 1})[t_{i, P_i + j}],  z = head(h) / T (tanh-softcapped
-    first when the config asks, as Gemma-2 does). The decoder runs once; the LM head only on the
-    N response positions, `chunk_tokens` at a time (recomputed in backward when `recompute`).
-    """
-    if temperature <= 0:
-        raise ValueError(
-            f"temperature must be > 0 (slime requires --rollout-temperature > 0); got {temperature}"
-        )
-    mask = mb.response_mask
-    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    if not bool(mask.any()):
-        return out, (out.clone() if with_entropy else None)
-    hidden = model.get_decoder()(
-        input_ids=mb.input_ids,
-        attention_mask=mb.attention_mask,
-        position_ids=mb.position_ids,
-        use_cache=False,
-    ).last_hidden_state
-    rows = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(mask)[mask]
-    selected = hidden[rows, mb.logit_index[mask]]  # [N, H]
-    targets = mb.target_ids[mask]
-    head = model.get_output_embeddings()
-    softcap = getattr(model.config, "final_logit_softcapping", None)
-
-    def token_stats(h: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-        logits = head(h).float()
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        z = logits / temperature
-        lp = z.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
-        if not with_entropy:
-            return lp, lp.new_zeros(0)
-        return lp, entropy_from_logits(logits if entropy_grad else logits.detach(), temperature=temperature)
-
-    lps, ents = [], []
-    for start in range(0, selected.shape[0], chunk_tokens):
-        args = (selected[start : start + chunk_tokens], targets[start : start + chunk_tokens])
-        if recompute and torch.is_grad_enabled():
-            lp, ent = checkpoint(token_stats, *args, use_reentrant=False)
-        else:
-            lp, ent = token_stats(*args)
-        lps.append(lp)
-        ents.append(ent)
-    log_probs = out.masked_scatter(mask, torch.cat(lps))
-    entropy = torch.zeros_like(out).masked_scatter(mask, torch.cat(ents)) if with_entropy else None
-    return log_probs, entropy
+    fsdp_param_dtype: str | None = None  # FSDP2 compute dtype, e.g. "bfloat16"; weights stay fp32
 
 
 class TorchTrainer:
-    """Policy trainer over a HF causal LM: log-probs, PPO-family steps, checkpoints, HF export.
+    """Policy trainer over a HF causal LM: log-probs, PPO-family and SFT steps, checkpoints, HF export.
 
     `model` and `ref_model` are modules or HF folders (loaded in fp32). The model stays in train
     mode during `train_step`: use configs with zero dropout (Qwen, Llama) or the ratio starts != 1.
+    `dp`: this process's data-parallel rank (default: alone). With `dp.fsdp` the decoder layers and
+    the root are sharded with FSDP2 and optimizer state is sharded with them.
     """
 
     def __init__(
@@ -124,19 +78,22 @@ class TorchTrainer:
         *,
         ref_model: torch.nn.Module | str | os.PathLike | None = None,
         device: torch.device | str | None = None,
+        dp: DataParallel | None = None,
     ) -> None:
-        self.config = config or TrainerConfig()
+        self.config = c = config or TrainerConfig()
+        self.dp = dp or DataParallel()
         self.model = _as_model(model)
         self.device = torch.device(device) if device is not None else next(self.model.parameters()).device
         self.model.to(self.device)
-        self.ref_model = None
+        if c.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.runner = self._wrap(self.model)
+        self.ref_model = self.ref_runner = None
         if ref_model is not None:
             self.ref_model = _as_model(ref_model).to(self.device).eval().requires_grad_(False)
-        if self.config.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        c = self.config
+            self.ref_runner = self._wrap(self.ref_model)
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
+            [p for p in self.runner.parameters() if p.requires_grad],
             lr=c.lr,
             betas=(c.adam_beta1, c.adam_beta2),
             eps=c.adam_eps,
@@ -149,6 +106,13 @@ class TorchTrainer:
         self.step = 0  # optimizer steps taken
         self.pad_token_id = 0  # any valid id: padding is masked out of attention and losses
 
+    def _wrap(self, model: torch.nn.Module) -> LogProbForward:
+        runner = LogProbForward(model)
+        if self.dp.fsdp:
+            dtype = getattr(torch, self.config.fsdp_param_dtype) if self.config.fsdp_param_dtype else None
+            apply_fsdp(runner, decoder_layers(model), param_dtype=dtype)
+        return runner
+
     # ---- log-probs ---------------------------------------------------------------------------
 
     def plan(self, samples: Sequence[Sample]) -> list[list[int]]:
@@ -158,35 +122,53 @@ class TorchTrainer:
             lengths, self.config.max_tokens_per_micro_batch, self.config.max_samples_per_micro_batch
         )
 
+    def _padding_batches(self, count: int) -> int:
+        """FSDP ranks must run equally many forwards: how many empty micro-batches this rank adds."""
+        if not self.dp.fsdp or not self.dp.enabled:
+            return 0
+        return int(self.dp.max([count])[0]) - count
+
+    def _empty_batch(self) -> MicroBatch:
+        """A one-token micro-batch with loss mask 0: a forward/backward that changes nothing."""
+        filler = Sample(tokens=[self.pad_token_id] * 2, response_length=1, loss_mask=[0])
+        return pack_micro_batch([filler], [0], advantages=[[0.0]], pad_token_id=self.pad_token_id)
+
     @torch.no_grad()
     def compute_log_probs(
         self, samples: Sequence[Sample], temperature: float = 1.0, *, model: torch.nn.Module | None = None
     ) -> list[list[float]]:
         """Per response token log-probs of each sample under `model` (default: the policy), in order."""
-        model = self.model if model is None else model
-        was_training = model.training
-        model.eval()
+        runner = self.runner if model is None or model is self.model or model is self.runner else None
+        if model is not None and (model is self.ref_model or model is self.ref_runner):
+            runner = self.ref_runner
+        if runner is None:
+            runner = model if isinstance(model, LogProbForward) else LogProbForward(model)
+        was_training = runner.training
+        runner.eval()
         plan = self.plan(samples)
+        fillers = self._padding_batches(len(plan))  # agreed on before any rank starts its forwards
         results = []
         for indices in plan:
             mb = pack_micro_batch(samples, indices, pad_token_id=self.pad_token_id).to(self.device)
-            lp, _ = response_log_probs(model, mb, temperature, chunk_tokens=self.config.logits_chunk_tokens)
+            lp, _ = response_log_probs(runner, mb, temperature, chunk_tokens=self.config.logits_chunk_tokens)
             results.append([row[:n] for row, n in zip(lp.cpu().tolist(), mb.response_lengths, strict=True)])
-        model.train(was_training)
+        for _ in range(fillers):
+            response_log_probs(runner, self._empty_batch().to(self.device), temperature)
+        runner.train(was_training)
         return scatter_back(plan, results, len(samples))
 
     def compute_ref_log_probs(self, samples: Sequence[Sample], temperature: float = 1.0) -> list[list[float]]:
         """Per response token log-probs under the reference model (for the KL loss)."""
         if self.ref_model is None:
             raise ValueError("no reference model: pass ref_model= to TorchTrainer to use a KL loss")
-        return self.compute_log_probs(samples, temperature, model=self.ref_model)
+        return self.compute_log_probs(samples, temperature, model=self.ref_runner)
 
     # ---- training ----------------------------------------------------------------------------
 
     def train_step(
         self,
         samples: Sequence[Sample],
-        advantages: Sequence[float | Sequence[float]],
+        advantages: Sequence[float | Sequence[float]] | None,
         config: PolicyLossConfig | None = None,
         *,
         temperature: float = 1.0,
@@ -194,62 +176,70 @@ class TorchTrainer:
         ref_log_probs: Sequence[Sequence[float]] | None = None,
         use_rollout_logprobs: bool = False,
         loss_divisor: float | None = None,
+        loss_type: str = "policy_loss",
     ) -> dict[str, float]:
-        """One optimizer step on `samples`, accumulating gradients over micro-batches.
+        """One optimizer step on `samples` (this rank's shard), accumulating gradients over micro-batches.
 
+        loss_type: "policy_loss" (`slime.algorithms.losses.policy_loss` per `config`) or "sft_loss"
+        (masked NLL, `slime.backends.sft.sft_loss`, with `config.aggregation`; advantages, old and
+        reference log-probs are ignored and may be None).
         advantages: per sample, a number (spread over its response tokens) or one value per response
         token. old_log_probs: default recomputed now (or the engine's with `use_rollout_logprobs`).
         ref_log_probs: default from the reference model when `config.kl_loss_coef` is set.
-        Each micro-batch's loss uses the divisor of the whole batch, so the summed gradients equal
-        the gradient of the whole-batch loss whatever the micro-batching.
+        Each micro-batch's loss uses the divisor of the whole batch (all ranks' samples), so the summed
+        gradients equal the gradient of the whole-batch loss whatever the micro-batching and sharding.
         """
+        if loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
         config = config or PolicyLossConfig()
+        sft = loss_type == "sft_loss"
         started = time.perf_counter()
-        adv = _token_advantages(samples, advantages)
-        if old_log_probs is None:
+        adv = None if sft else _token_advantages(samples, advantages)
+        if not sft and old_log_probs is None:
             if use_rollout_logprobs:
                 if any(s.rollout_log_probs is None for s in samples):
                     raise ValueError("use_rollout_logprobs needs rollout_log_probs on every sample")
                 old_log_probs = [s.rollout_log_probs for s in samples]
             else:
                 old_log_probs = self.compute_log_probs(samples, temperature)
-        if config.kl_loss_coef != 0.0 and ref_log_probs is None:
+        if not sft and config.kl_loss_coef != 0.0 and ref_log_probs is None:
             ref_log_probs = self.compute_ref_log_probs(samples, temperature)
         divisor = self._global_divisor(samples, config, loss_divisor)
 
-        self.model.train()
+        self.runner.train()
         self.optimizer.zero_grad(set_to_none=True)
         plan = self.plan(samples)
         sums: dict[str, float] = {"loss": 0.0}
         weighted: dict[str, float] = {}
         tokens = 0
-        for indices in plan:
-            mb = pack_micro_batch(samples, indices, advantages=adv, pad_token_id=self.pad_token_id)
+        batches = [(indices, None) for indices in plan]
+        batches += [(None, self._empty_batch()) for _ in range(self._padding_batches(len(plan)))]
+        for indices, filler in batches:
+            mb = filler if filler is not None else pack_micro_batch(
+                samples, indices, advantages=adv, pad_token_id=self.pad_token_id)
             mb = mb.to(self.device)
             lp, entropy = response_log_probs(
-                self.model,
+                self.runner,
                 mb,
                 temperature,
                 chunk_tokens=self.config.logits_chunk_tokens,
                 with_entropy=True,
-                entropy_grad=config.entropy_coef != 0.0,
-                recompute=self.config.gradient_checkpointing,
+                entropy_grad=not sft and config.entropy_coef != 0.0,
+                recompute=self.config.gradient_checkpointing or self.config.recompute_logits,
             )
-            loss, metrics = policy_loss(
-                lp,
-                mb.pad_response(old_log_probs).to(self.device),
-                mb.advantages,
-                mb.loss_mask,
-                config,
-                ref_log_probs=None
-                if ref_log_probs is None
-                else mb.pad_response(ref_log_probs).to(self.device),
-                rollout_log_probs=mb.rollout_log_probs,
-                entropy=entropy,
-                divisor=divisor,
-            )
+            if sft:
+                loss, metrics = sft_loss(lp, mb.loss_mask, aggregation=config.aggregation, divisor=divisor,
+                                         entropy=entropy)
+            else:
+                loss, metrics = policy_loss(
+                    lp, self._per_token(mb, filler, old_log_probs), mb.advantages, mb.loss_mask, config,
+                    ref_log_probs=self._per_token(mb, filler, ref_log_probs),
+                    rollout_log_probs=mb.rollout_log_probs, entropy=entropy, divisor=divisor,
+                )
             if loss.requires_grad:
                 loss.backward()
+            if filler is not None:
+                continue
             n = int(mb.loss_mask.bool().sum())
             tokens += n
             sums["loss"] += float(loss.detach())
@@ -261,38 +251,66 @@ class TorchTrainer:
 
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm = self._clip_and_step()
+        sums, weighted, tokens, micro_batches = self._combine_ranks(sums, weighted, tokens, len(plan))
         result = dict(sums)
         result.update({key: value / max(tokens, 1) for key, value in weighted.items()})
         result.update(
             grad_norm=grad_norm,
             lr=lr,
             tokens=float(tokens),
-            num_micro_batches=float(len(plan)),
+            num_micro_batches=float(micro_batches),
             skipped=float(not math.isfinite(grad_norm)),
             step_time_s=time.perf_counter() - started,
         )
         return result
 
+    def _per_token(self, mb: MicroBatch, filler: MicroBatch | None, values: Any) -> Tensor | None:
+        """Per-token values of the step's samples as `mb`'s [B, R] tensor (zeros for a filler batch)."""
+        if values is None:
+            return None
+        return (mb.pad_response(values) if filler is None else torch.zeros_like(mb.loss_mask)).to(self.device)
+
+    def _combine_ranks(
+        self, sums: dict[str, float], weighted: dict[str, float], tokens: int, micro_batches: int
+    ) -> tuple[dict[str, float], dict[str, float], int, int]:
+        """Add up every rank's metric sums, token-weighted sums, tokens and micro-batches."""
+        if not self.dp.enabled:
+            return sums, weighted, tokens, micro_batches
+        all_sums: dict[str, float] = {}
+        all_weighted: dict[str, float] = {}
+        all_tokens = all_mbs = 0
+        for s, w, t, m in self.dp.gather_objects((sums, weighted, tokens, micro_batches)):
+            for key, value in s.items():
+                all_sums[key] = all_sums.get(key, 0.0) + value
+            for key, value in w.items():
+                all_weighted[key] = all_weighted.get(key, 0.0) + value
+            all_tokens, all_mbs = all_tokens + t, all_mbs + m
+        return all_sums, all_weighted, all_tokens, all_mbs
+
     def _global_divisor(
         self, samples: Sequence[Sample], config: PolicyLossConfig, loss_divisor: float | None
     ) -> float:
-        """The aggregation divisor of the whole step (data parallel: all-reduce these counts)."""
+        """The aggregation divisor of the whole step: this rank's count, summed over ranks."""
         if loss_divisor is not None:
             return float(loss_divisor)
         masks = [s.loss_mask if s.loss_mask is not None else [1] * s.response_length for s in samples]
         if config.aggregation == "token_mean":
-            return float(max(sum(1 for m in masks for v in m if v), 1))
-        if config.aggregation == "sequence_mean":
-            return float(max(sum(1 for m in masks if any(m)), 1))
-        raise ValueError(
-            f"aggregation {config.aggregation!r} needs loss_divisor= (Dr.GRPO: samples x max response length)"
-        )
+            count = sum(1 for m in masks for v in m if v)
+        elif config.aggregation == "sequence_mean":
+            count = sum(1 for m in masks if any(m))
+        else:
+            raise ValueError(
+                f"aggregation {config.aggregation!r} needs loss_divisor= (Dr.GRPO: samples x max response length)"
+            )
+        return float(max(self.dp.sum([count])[0], 1))
 
     def _clip_and_step(self) -> float:
-        """Clip gradients, then step unless the norm is inf/nan (the step is skipped, as Megatron does)."""
+        """Sum gradients over replicas, clip, then step unless the norm is inf/nan (skipped, as Megatron does)."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if not self.dp.fsdp:
+            all_reduce_gradients(params, self.dp)  # FSDP2 already reduce-scattered them in backward
         max_norm = self.config.clip_grad or math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = total_norm(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if math.isfinite(grad_norm):
             self.optimizer.step()
             self.scheduler.step()
@@ -308,27 +326,46 @@ class TorchTrainer:
         """Atomically save weights, optimizer, RNG and `data_state` as `save_dir/iter_<iteration>`.
 
         iteration defaults to the optimizer step; data_state (JSON) is the caller's data position.
+        Collective: full weights and optimizer state are gathered, rank 0 writes, all ranks wait.
         """
         iteration = self.step if iteration is None else iteration
         state = {"step": self.step, "data_state": data_state or {}}
-        path = ckpt.save_checkpoint(
-            save_dir,
-            iteration,
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            state=state,
-        )
+        weights = self._full_hf_state()
+        optim = state_dicts.full_optimizer_state(self.runner, self.optimizer)
+        path = ckpt.iteration_dir(save_dir, iteration)
+        if self.dp.is_main:
+            path = ckpt.save_checkpoint(
+                save_dir, iteration, model=self._hf_writer(), optimizer=self.optimizer, scheduler=self.scheduler,
+                state=state, model_state_dict=weights, optimizer_state=optim,
+            )
+        self.dp.barrier()
         return str(path)
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """Restore the latest checkpoint under `path` (or that iteration directory) for exact resume.
 
+        Any world size and sharding can load any checkpoint (full weights, optimizer state by name).
         Returns {"iteration", "step", "data_state", "path"}.
         """
-        payload = ckpt.load_checkpoint(
-            path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler
-        )
+        found, payload = ckpt.read_state(path)
+        main = self.dp.is_main or not self.dp.fsdp  # FSDP: rank 0 reads, the others receive
+        if self.dp.fsdp:
+            weights = ckpt.read_hf_weights(found / "model") if main else {}
+            state_dicts.load_full_model_state(self.runner, weights, broadcast=self.dp.enabled)
+        else:
+            self._load_hf_folder(found / "model")
+        opt = ckpt.read_optimizer(found) if main else {}
+        if not main or opt.get("optimizer_format") == ckpt.OPTIMIZER_BY_NAME:
+            state_dicts.load_full_optimizer_state(
+                self.runner, self.optimizer, opt.get("optimizer", {}), broadcast=self.dp.fsdp and self.dp.enabled)
+        elif self.dp.fsdp:
+            raise ValueError(f"{found} holds an index-keyed optimizer state (single-process save): "
+                             "resume it without FSDP once and save again")
+        else:
+            self.optimizer.load_state_dict(opt["optimizer"])
+        scheduler = opt.get("scheduler") if main else None
+        self.scheduler.load_state_dict(self.dp.broadcast_object(scheduler) if self.dp.fsdp else scheduler)
+        ckpt.restore_rng(found, payload)
         self.step = int(payload["state"]["step"])
         return {
             "iteration": payload["iteration"],
@@ -338,8 +375,29 @@ class TorchTrainer:
         }
 
     def export_hf(self, out_dir: str | os.PathLike, tokenizer: Any = None) -> str:
-        """Write an HF folder (safetensors + config, tokenizer when given) for engines or release."""
-        return str(ckpt.export_hf(self.model, out_dir, tokenizer))
+        """Write an HF folder (safetensors + config, tokenizer when given) for engines or release.
+
+        Collective under data parallelism: the full weights are gathered and rank 0 writes.
+        """
+        weights = self._full_hf_state()
+        if self.dp.is_main:
+            ckpt.export_hf(self._hf_writer(), out_dir, tokenizer, state_dict=weights)
+        self.dp.barrier()
+        return str(out_dir)
+
+    # ---- what a backend with another model class overrides (see megatron_backend) --------------
+
+    def _full_hf_state(self) -> dict[str, Tensor] | None:
+        """HF-named full weights to write, or None: `_hf_writer()` saves its own."""
+        return state_dicts.full_model_state(self.runner) if self.dp.fsdp else None
+
+    def _hf_writer(self) -> Any:
+        """The object whose `save_pretrained(dir, state_dict=...)` writes the HF folder."""
+        return self.model
+
+    def _load_hf_folder(self, model_dir: os.PathLike) -> None:
+        """Load a save_pretrained folder into the (unsharded) model."""
+        ckpt.load_hf_weights(self.model, model_dir)
 
 
 def _as_model(model: torch.nn.Module | str | os.PathLike) -> torch.nn.Module:
@@ -351,9 +409,11 @@ def _as_model(model: torch.nn.Module | str | os.PathLike) -> torch.nn.Module:
 
 
 def _token_advantages(
-    samples: Sequence[Sample], advantages: Sequence[float | Sequence[float]]
+    samples: Sequence[Sample], advantages: Sequence[float | Sequence[float]] | None
 ) -> list[list[float]]:
     """One advantage per response token of each sample; a number is spread over the whole response."""
+    if advantages is None:
+        raise ValueError("policy_loss needs advantages (one per sample or per response token); sft_loss does not")
     if len(advantages) != len(samples):
         raise ValueError(
             f"{len(samples)} samples but {len(advantages)} advantages: give one entry per sample"

@@ -88,3 +88,19 @@ class RolloutEngine(abc.ABC):
         if reply.status_code >= 300:
             raise EngineError(f"{method} {self.url}{path} answered {reply.status_code}: {reply.text}")
         return reply
+
+
+class EngineClient(RolloutEngine):
+    """An engine started elsewhere (another actor, another node), controlled over HTTP at `url`."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+
+    def start(self) -> str:
+        return self.url
+
+    def shutdown(self) -> None:
+        """Only closes this client: the engine belongs to whoever started it."""
+        if getattr(self, "_http", None) is not None:
+            self._http.close()
+            self._http = None

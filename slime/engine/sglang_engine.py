@@ -19,6 +19,7 @@ Flags from slime-style arguments (an `argparse.Namespace` or a mapping):
 | `seed` (+ `seed_offset`, e.g. the engine rank) | `--random-seed` |
 | `offload_rollout` / `colocate` | `--enable-memory-saver` (release / resume memory occupation) |
 | `sglang_<field>` (any ServerArgs field) | `--<field with dashes>`; overrides the rows above |
+| `sglang_server_concurrency`, `sglang_router_*` | nothing: slime's own (client/router side) flags |
 
 `host`, `port`, `base_gpu_id` and `nccl_port` are per engine and given to the constructor.
 `--trust-remote-code` and `--enable-metrics` are on unless `sglang_<field>=False`. The tokenizer is
@@ -54,6 +55,9 @@ DERIVED_FIELDS = {
     "hf_checkpoint": "model_path",
     "rollout_num_gpus_per_engine": "tp_size",
 }
+# slime's own flags spelled sglang_* that configure the trainer's side, not the server.
+SLIME_SIDE_FIELDS = frozenset({"sglang_server_concurrency", "sglang_router_ip", "sglang_router_port",
+                               "sglang_router_request_timeout_secs"})
 # Always passed unless the caller sets them (sglang_<field>=False turns a switch off).
 DEFAULT_FIELDS: dict[str, Any] = {"trust_remote_code": True, "enable_metrics": True}
 
@@ -86,7 +90,7 @@ def server_fields(args: argparse.Namespace | Mapping[str, Any], *, seed_offset: 
     if values.get("offload_rollout") or values.get("colocate"):
         fields["enable_memory_saver"] = True
     for key, value in values.items():
-        if key.startswith("sglang_") and value is not None:
+        if key.startswith("sglang_") and key not in SLIME_SIDE_FIELDS and value is not None:
             fields[key[len("sglang_"):]] = value
     if "tp" in fields:  # --sglang-tp is SGLang's alias of tp_size: keep one spelling
         fields["tp_size"] = fields.pop("tp")

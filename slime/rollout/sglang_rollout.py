@@ -106,8 +106,12 @@ def get_model_url(args: argparse.Namespace, sample: Sample | None = None) -> str
 
     With a sample and engines started by the trainer, its group's engine (groups spread round robin
     over `args.rollout_engine_urls`); otherwise the router address `--sglang-router-ip/-port`
-    (the trainer points it at the first engine), else the first engine.
+    (the trainer points it at the first engine), else the first engine. With `--rollout-router`, the
+    router the trainer started (`args.rollout_router_url`) always.
     """
+    router = getattr(args, "rollout_router_url", None)
+    if router:
+        return router
     urls = getattr(args, "rollout_engine_urls", None)
     if urls and sample is not None:
         return urls[(sample.group_index or 0) % len(urls)]

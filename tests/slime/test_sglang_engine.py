@@ -131,3 +131,10 @@ def test_import_is_cheap_and_sglang_free():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
     assert sglang_engine.INSTALL_HINT == "install the gpu extra: bash setup.sh --gpu"
+
+
+def test_slimes_own_sglang_flags_stay_on_the_client_side():
+    fields = server_fields(slime_args(sglang_server_concurrency=512, sglang_router_ip="10.0.0.2",
+                                      sglang_router_port=30000, sglang_router_request_timeout_secs=14400))
+    assert not {"server_concurrency", "router_ip", "router_port", "router_request_timeout_secs"} & fields.keys()
+    assert fields["mem_fraction_static"] == 0.7

@@ -1,0 +1,193 @@
+"""One train rank: a `TorchTrainer` built from slime's flags, and the rollout -> optimizer-steps logic.
+
+`slime.ray_actors.TrainActor` runs one `TrainWorker` per Ray actor; tests run them in plain
+processes. Every rank receives the whole rollout and computes the same split, so no rank needs
+another's samples:
+
+    steps = --num-steps-per-rollout slices of the rollout, in order (one optimizer step each);
+    each slice is split over the ranks by tokens (`shard_by_tokens`), rank r trains on part r.
+
+Old log-probs are computed once, for all of this rank's parts, before the first step (slime's
+lp_old: the weights that generated the rollout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from slime.algorithms.estimators import policy_loss_type
+from slime.algorithms.losses import PolicyLossConfig
+from slime.backends.distributed import init_data_parallel, shard_by_tokens
+from slime.backends.torch_backend import TorchTrainer, TrainerConfig
+from slime.utils.types import Sample
+
+
+def trainer_config(args: argparse.Namespace) -> TrainerConfig:
+    """TrainerConfig from slime's flags (--lr, --clip-grad, --max-tokens-per-gpu, --recompute-granularity)."""
+    granularity = getattr(args, "recompute_granularity", None)
+    return TrainerConfig(
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        adam_eps=getattr(args, "adam_eps", 1e-8),
+        clip_grad=args.clip_grad,
+        lr_warmup_steps=args.lr_warmup_iters,
+        max_tokens_per_micro_batch=args.max_tokens_per_gpu or 16384,
+        max_samples_per_micro_batch=args.micro_batch_size,
+        gradient_checkpointing=granularity == "full",
+        recompute_logits=granularity == "selective",
+        fsdp_param_dtype="bfloat16" if getattr(args, "bf16", None) and uses_fsdp(args) else None,
+    )
+
+
+def uses_fsdp(args: argparse.Namespace) -> bool:
+    return getattr(args, "train_backend", "torch") == "fsdp"
+
+
+def world_size(args: argparse.Namespace) -> int:
+    return args.actor_num_nodes * args.actor_num_gpus_per_node
+
+
+class TrainWorker:
+    """Rank `rank` of `world_size` train ranks (joins the process group at master_addr:master_port)."""
+
+    def __init__(self, args: argparse.Namespace, *, rank: int = 0, world: int = 1,
+                 master_addr: str | None = None, master_port: int | None = None, device: str | None = None):
+        torch.manual_seed(args.seed)
+        self.args = args
+        self.rank, self.world = rank, world
+        dp = init_data_parallel(rank, world, master_addr or "127.0.0.1", master_port or 0, fsdp=uses_fsdp(args),
+                                timeout_minutes=getattr(args, "distributed_timeout_minutes", 10))
+        ref = (args.ref_load or args.hf_checkpoint) if args.use_kl_loss else None
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        trainer_cls = TorchTrainer
+        if getattr(args, "train_backend", "torch") == "megatron":
+            from slime.backends.megatron_backend import MegatronTrainer
+
+            trainer_cls = MegatronTrainer
+        self.trainer = trainer_cls(args.hf_checkpoint, trainer_config(args), ref_model=ref, device=device, dp=dp)
+        self._tokenizer = None
+        self._tensor_sync: Any = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load(self, path: str) -> dict[str, Any]:
+        return self.trainer.load_checkpoint(path)
+
+    def save(self, save_dir: str, iteration: int, data_state: dict[str, Any]) -> str:
+        return self.trainer.save_checkpoint(save_dir, iteration=iteration, data_state=data_state)
+
+    def export(self, out_dir: str) -> str:
+        """An HF folder with tokenizer, loadable by any engine (rank 0 writes it)."""
+        if self._tokenizer is None and self.rank == 0:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.args.hf_checkpoint)
+        return self.trainer.export_hf(out_dir, self._tokenizer)
+
+    def update_weights_tensor(self, engine_urls: list[str], tp_sizes: list[int], version: int, bucket_bytes: int,
+                              master_address: str) -> str:
+        """NCCL broadcast of the weights to SGLang engines (GPU only, UNTESTED HERE).
+
+        Rank 0 runs `TensorWeightSync("nccl")` (pause, flush, bucketed broadcast, continue); under
+        FSDP the other ranks iterate the same full tensors so that every all-gather has all ranks.
+        """
+        from slime.engine.base import EngineClient
+        from slime.weight_sync import TensorWeightSync, hf_named_tensors
+
+        if self.rank != 0:
+            if self.trainer.dp.fsdp:
+                for _ in hf_named_tensors(self.trainer.model):
+                    pass
+            return str(version)
+        if self._tensor_sync is None:
+            self._tensor_sync = TensorWeightSync("nccl", bucket_bytes=bucket_bytes, engine_tp_sizes=tp_sizes,
+                                                 master_address=master_address)
+        return self._tensor_sync.sync(self.trainer, [EngineClient(url) for url in engine_urls], version)
+
+    def reset_tensor_sync(self) -> None:
+        if self._tensor_sync is not None:
+            self._tensor_sync.close()
+            self._tensor_sync = None
+
+    def policy_config(self) -> PolicyLossConfig:
+        args = self.args
+        return PolicyLossConfig(
+            loss_type=policy_loss_type(args.advantage_estimator),
+            eps_clip=args.eps_clip,
+            eps_clip_high=args.eps_clip_high,
+            eps_clip_c=args.eps_clip_c,
+            aggregation="token_mean" if args.calculate_per_token_loss else "sequence_mean",
+            entropy_coef=args.entropy_coef,
+            kl_loss_coef=args.kl_loss_coef if args.use_kl_loss else 0.0,
+            kl_loss_type=args.kl_loss_type,
+            use_unbiased_kl=args.use_unbiased_kl,
+            use_tis=args.use_tis,
+            tis_clip_low=args.tis_clip_low,
+            tis_clip=args.tis_clip,
+        )
+
+    def parts(self, samples: Sequence[Sample]) -> list[list[int]]:
+        """Indices (into `samples`) this rank trains on, one list per optimizer step."""
+        steps = max(1, min(self.args.num_steps_per_rollout, len(samples)))
+        bounds = [round(i * len(samples) / steps) for i in range(steps + 1)]
+        out = []
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            shard = shard_by_tokens([len(s.tokens) for s in samples[lo:hi]], self.world)[self.rank]
+            out.append([lo + i for i in shard])
+        return out
+
+    def train(self, samples: list[Sample], advantages: Sequence[Any] | None = None,
+              loss_type: str | None = None) -> dict[str, float]:
+        """`--num-steps-per-rollout` optimizer steps on the rollout (this rank's parts of it).
+
+        loss_type (default --loss-type): sft_loss = masked NLL, advantages ignored (None allowed);
+        policy_loss = old log-probs recomputed once first (unless --use-rollout-logprobs) at
+        --rollout-temperature, then the estimator's policy loss.
+        """
+        args = self.args
+        loss_type = loss_type or getattr(args, "loss_type", "policy_loss")
+        sft = loss_type == "sft_loss"
+        temperature = args.rollout_temperature
+        parts = self.parts(samples)
+        mine = sorted(i for part in parts for i in part)
+        metrics: dict[str, float] = {}
+        old: dict[int, list[float]] = {}
+        if not sft and not args.use_rollout_logprobs:
+            started = time.perf_counter()
+            values = self.trainer.compute_log_probs([samples[i] for i in mine], temperature)
+            old = dict(zip(mine, values, strict=True))
+            metrics["train/log_probs_time_s"] = time.perf_counter() - started
+            diffs = [
+                abs(a - b) for i in mine if samples[i].rollout_log_probs is not None
+                for a, b, m in zip(old[i], samples[i].rollout_log_probs,
+                                   samples[i].loss_mask or [1] * samples[i].response_length, strict=True)
+                if m
+            ]
+            worst = self.trainer.dp.max([max(diffs) if diffs else -1.0])[0]
+            if worst >= 0:
+                metrics["train/train_rollout_logprob_abs_diff_max"] = worst
+        config = self.policy_config() if not sft else PolicyLossConfig(
+            aggregation="token_mean" if args.calculate_per_token_loss else "sequence_mean")
+        per_step = []
+        for part in parts:
+            per_step.append(self.trainer.train_step(
+                [samples[i] for i in part],
+                None if sft else [advantages[i] for i in part],
+                config,
+                temperature=temperature,
+                old_log_probs=None if sft or args.use_rollout_logprobs else [old[i] for i in part],
+                use_rollout_logprobs=args.use_rollout_logprobs,
+                loss_type=loss_type,
+            ))
+        for key in per_step[0]:
+            metrics[f"train/{key}"] = sum(m[key] for m in per_step) / len(per_step)
+        return metrics

@@ -1,0 +1,250 @@
+"""`EnginePool`: the run's rollout engines as Ray actors, driven from the driver's event loop.
+
+Engines: `--engine-type cpu` runs `CPUEngine` inside `EngineActor`; `--engine-type sglang` runs a
+real SGLang server under `SGLangEngineActor` (GPU only, UNTESTED HERE). The pool starts them,
+health-checks them, restarts a dead one on its old port with the current weights (so in-flight
+HTTP retries reach the new process), puts an optional router in front (`--rollout-router`), and
+syncs weights:
+
+- disk (`--update-weight-transport disk`, everywhere): the trainer exports HF safetensors, every
+  engine loads them with `/update_weights_from_disk` (`update_weights` / `sync_weights`);
+- nccl (`--update-weight-transport nccl`, SGLang on GPU, UNTESTED HERE): `sync_weights` asks the
+  train actor to broadcast its weights bucket by bucket (`TensorWeightSync`); an engine restarted
+  later gets a disk export of the current weights and the trainer re-forms its NCCL group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import ray
+
+if TYPE_CHECKING:
+    from slime.ray_actors import Placement
+
+logger = logging.getLogger(__name__)
+
+
+def _quiet_transformers() -> None:
+    """No per-save / per-load progress bars from transformers in actor logs (one a weight sync)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+@ray.remote
+class EngineActor:
+    """One CPU engine serving SGLang's HTTP API from this actor's process."""
+
+    def __init__(self, model_path: str, port: int, seed: int, max_batch_size: int):
+        import torch
+
+        from slime.engine.cpu_server import CPUEngine
+
+        _quiet_transformers()
+        torch.set_num_threads(max(os.cpu_count() or 1, 1))
+        self.engine = CPUEngine(model_path, host="127.0.0.1", port=port, seed=seed, max_batch_size=max_batch_size)
+
+    def start(self) -> dict[str, Any]:
+        url = self.engine.start()
+        return {"url": url, "port": self.engine.port, "pid": os.getpid()}
+
+    def update_weights_from_disk(self, path: str, version: str) -> str:
+        return self.engine.update_weights_from_disk(path, weight_version=version)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+class EngineStartError(RuntimeError):
+    """An engine could not be started or restarted."""
+
+
+class EnginePool:
+    """The engines of a run.
+
+    `args.rollout_engine_urls` always names the live engines, `args.rollout_engine_pids` their
+    processes, and `args.sglang_router_ip/port` the router (`--rollout-router`), else engine 0.
+    """
+
+    def __init__(self, args: argparse.Namespace, placement: Placement):
+        self.args = args
+        self.placement = placement
+        self.handles: list[Any] = [None] * len(placement.engine_bundles)
+        self.ports: list[int] = [0] * len(placement.engine_bundles)
+        self.weights_path = args.hf_checkpoint
+        self.weight_version = "0"
+        self.restarts = 0
+        self.router: Any = None
+        self._trainer: Any = None  # the train actor, once weights were synced over NCCL
+        self._weights_root = ""
+        self._path_version = "0"  # the weight version stored at weights_path
+        self._info: dict[int, dict[str, Any]] = {}
+        self._gpu_ids: list[list[int] | None] = [None] * len(self.handles)
+        self._lock = asyncio.Lock()
+        self._http = httpx.AsyncClient(timeout=5.0, trust_env=False)
+
+    @property
+    def engine_type(self) -> str:
+        return getattr(self.args, "engine_type", "cpu")
+
+    async def start(self) -> None:
+        if self.engine_type == "sglang":
+            self._gpu_ids = self._engine_gpus()
+        await asyncio.gather(*(self._start_one(i) for i in range(len(self.handles))))
+        kind = getattr(self.args, "rollout_router", "none")
+        if kind != "none":
+            from slime.engine.router_process import RouterProcess
+
+            host = "127.0.0.1" if self.engine_type == "cpu" else ray.util.get_node_ip_address()
+            self.router = RouterProcess(kind, host=host, policy=getattr(self.args, "router_policy", None))
+            await asyncio.to_thread(self.router.start)
+            for info in self._info.values():
+                await asyncio.to_thread(self.router.add_worker, info["url"])
+        self._publish()
+
+    def _engine_gpus(self) -> list[list[int] | None]:
+        """Per engine, the GPUs of its tp bundles (None for tp = 1: Ray's own assignment is right)."""
+        tp = self.args.rollout_num_gpus_per_engine
+        if tp == 1 or not self.placement.use_gpu:
+            return [None] * len(self.handles)
+        from slime.engine.sglang_actor import bundle_gpu_ids
+
+        return [[g for ids in bundle_gpu_ids(self.placement.group, list(range(b, b + tp))) for g in ids]
+                for b in self.placement.engine_bundles]
+
+    def _new_actor(self, i: int, port: int) -> Any:
+        a = self.args
+        opts = self.placement.options(self.placement.engine_bundles[i], "engine")
+        if self.engine_type == "sglang":
+            from slime.engine.sglang_actor import SGLangEngineActor
+
+            log_dir = str(Path(a.save) / "logs") if getattr(a, "save", None) else None
+            return SGLangEngineActor.options(**opts).remote(a, self.weights_path, port, i, self._gpu_ids[i], log_dir)
+        return EngineActor.options(**opts).remote(self.weights_path, port, a.engine_seed + i, a.engine_max_batch_size)
+
+    async def _start_one(self, i: int) -> None:
+        for port in dict.fromkeys((self.ports[i], 0)):  # old port first, so HTTP retries reconnect
+            handle = self._new_actor(i, port)
+            try:
+                info = await handle.start.remote()
+            except Exception as exc:  # noqa: BLE001 - bind races surface as actor errors; try a new port
+                logger.warning("engine %d did not start on port %d (%s)", i, port, exc)
+                ray.kill(handle, no_restart=True)
+                continue
+            self.handles[i], self.ports[i] = handle, info["port"]
+            self._info[i] = info
+            if self._path_version != "0":
+                await handle.update_weights_from_disk.remote(self.weights_path, self._path_version)
+            logger.info("engine %d serving %s (pid %d, weights %s)", i, info["url"], info["pid"], self.weight_version)
+            return
+        raise EngineStartError(f"engine {i} failed to start from {self.weights_path}")
+
+    def _publish(self) -> None:
+        infos = [self._info[i] for i in range(len(self.handles))]
+        self.args.rollout_engine_urls = [info["url"] for info in infos]
+        self.args.rollout_engine_pids = [info["pid"] for info in infos]
+        if self.router is not None:
+            self.args.rollout_router_url = self.router.url
+            self.args.sglang_router_ip, self.args.sglang_router_port = self.router.host, self.router.port
+        else:
+            self.args.sglang_router_ip = infos[0]["url"].split("//")[1].rsplit(":", 1)[0]
+            self.args.sglang_router_port = infos[0]["port"]
+
+    async def _healthy(self, i: int) -> bool:
+        url = self._info[i]["url"]
+        for _ in range(2):
+            try:
+                if (await self._http.get(f"{url}/health")).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
+        return False
+
+    async def _stop_actor(self, handle: Any, timeout_s: float = 20) -> None:
+        """Ask the actor to stop its server (SGLang runs in its own process group), then kill it."""
+        try:
+            await asyncio.wait_for(handle.shutdown.remote(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - a dead actor cannot answer; it is killed next anyway
+            pass
+        ray.kill(handle, no_restart=True)
+
+    async def ensure_healthy(self, *_: Any) -> int:
+        """Restart every engine that does not answer /health; returns how many were restarted."""
+        async with self._lock:
+            dead = [i for i in range(len(self.handles)) if not await self._healthy(i)]
+            for i in dead:
+                old_url = self._info[i]["url"]
+                logger.error("engine %d at %s is not answering: restarting it with weights %s",
+                             i, old_url, self.weight_version)
+                await self._stop_actor(self.handles[i], timeout_s=5)
+                await self._restore_latest_weights()
+                await self._start_one(i)
+                if self.router is not None:
+                    await asyncio.to_thread(self.router.remove_worker, old_url)
+                    await asyncio.to_thread(self.router.add_worker, self._info[i]["url"])
+                self.restarts += 1
+            if dead:
+                self._publish()
+            return len(dead)
+
+    async def _restore_latest_weights(self) -> None:
+        """NCCL transport: the newest weights exist only in the trainer; export them for the restart."""
+        if self._trainer is None or self._path_version == self.weight_version:
+            return
+        self.weights_path = await self._trainer.export.remote(
+            str(Path(self._weights_root) / f"restart_v{int(self.weight_version):06d}"))
+        self._path_version = self.weight_version
+        await self._trainer.reset_tensor_sync.remote()  # the next sync re-forms the group with the new engine
+
+    async def watch(self, interval_s: float) -> None:
+        """Health-check every `interval_s` seconds until cancelled (run beside a step's generation)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.ensure_healthy()
+
+    async def update_weights(self, path: str, version: str) -> None:
+        """Point every engine at the HF folder `path` (disk transport) and record it for restarts."""
+        async with self._lock:
+            self.weights_path, self.weight_version = path, version
+            self._path_version = version
+            await asyncio.gather(*(h.update_weights_from_disk.remote(path, version) for h in self.handles))
+
+    async def sync_weights(self, trainer: Any, version: int, out_dir: str) -> str:
+        """Make every engine serve the train actor's weights as `version`, by `--update-weight-transport`.
+
+        disk: export to `out_dir` and load it (returns the folder). nccl: broadcast from the trainer
+        (returns ""; `out_dir`'s parent is kept for exports that restarted engines need).
+        """
+        if getattr(self.args, "update_weight_transport", "disk") != "nccl":
+            path = await trainer.export.remote(out_dir)
+            await self.update_weights(path, str(version))
+            return path
+        async with self._lock:
+            self._trainer, self._weights_root = trainer, str(Path(out_dir).parent)
+            tp = self.args.rollout_num_gpus_per_engine
+            await trainer.update_weights_tensor.remote(
+                [self._info[i]["url"] for i in range(len(self.handles))], [tp] * len(self.handles), version,
+                self.args.update_weight_buffer_size)
+            self.weight_version = str(version)
+        return ""
+
+    async def shutdown(self) -> None:
+        for handle in self.handles:
+            if handle is not None:
+                await self._stop_actor(handle)
+        if self.router is not None:
+            self.router.shutdown()
+        if self._trainer is not None:
+            try:
+                await self._trainer.reset_tensor_sync.remote()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+        await self._http.aclose()
