@@ -123,6 +123,25 @@ class InProcessEnv:
 
         return await asyncio.to_thread(read)
 
+    @property
+    def db_path(self) -> str:
+        """The episode's SQLite file (read-only use: progress predicates)."""
+        return str(self.episode.db_path)
+
+    @property
+    def code(self) -> str | None:
+        """The scenario's environment code (tool labels for progress gating)."""
+        return self.episode.runtime.dataset.scenario(self.episode.scenario).full_code
+
+    async def load_state(self, path: str) -> None:
+        """Start from a saved DB state (controlled recovery split) instead of the initial DB."""
+        from awm.pool import InfraError
+
+        try:
+            await self.episode.load_state(path)
+        except InfraError as exc:
+            raise EnvInfraError(f"loading state {path}: {exc}") from exc
+
     async def verify(self, final_answer: str | None) -> Verdict:
         from awm.pool import InfraError
 

@@ -121,6 +121,10 @@ class Children:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 logger.error("%s (pid %d) survived SIGKILL", name, proc.pid)
+            # SIGKILL is delivered asynchronously: wait until no member of the group is left running
+            deadline = time.monotonic() + 5
+            while self.members(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
         if self.record is not None:
             self.record.unlink(missing_ok=True)
 

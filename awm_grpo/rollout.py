@@ -15,6 +15,12 @@ Stop conditions: final answer; `awm_max_turns` model turns (or the turn schedule
 `--rollout-max-context-len`); an invalid call with `awm_terminate_on_invalid_call`;
 `awm_max_repeated_calls` identical calls (same name and arguments) in a row; engine abort.
 
+Recovery method (optional): with `awm_predicates` (a predicates JSONL) each turn that ran a tool
+gets Phi after it (awm_grpo.progress), every model turn its response-token span [start, end), and
+`sample.metadata["awm"]["credit"]` the compact per-turn signals awm_grpo.recovery.advantages needs.
+`sample.metadata` may carry `start_db` (a DB file loaded before the first turn) and `start_messages`
+(assistant / tool messages after the task, part of the prompt): the controlled recovery split.
+
 Infrastructure failures (environment crash or timeout, verifier crash or timeout) set status
 FAILED and `remove_sample`, so the trainer keeps them out of group statistics and the loss; the
 reason is in `sample.metadata["awm"]["infra_error"]` and counted by `awm_grpo.traces`.
@@ -23,6 +29,7 @@ reason is in `sample.metadata["awm"]["infra_error"]` and counted by `awm_grpo.tr
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,8 +61,12 @@ class RolloutConfig:
     max_repeated_calls: int = 3
     enable_thinking: bool = False
     trace_dir: str | None = None
+    predicates: str | None = None  # predicates JSONL: per-turn progress (awm_grpo.progress)
 
     def __post_init__(self) -> None:
+        if self.predicates and self.env.transport != "inprocess":
+            raise ValueError("awm_predicates needs awm_transport 'inprocess': progress predicates read the episode "
+                             "DB directly, which MCP servers do not expose")
         if self.tool_mode not in ("meta", "native"):
             raise ValueError(f"awm_tool_mode {self.tool_mode!r} is unknown: use 'meta' or 'native'")
         if self.calls_per_turn not in ("first", "all"):
@@ -89,7 +100,8 @@ class RolloutConfig:
                   max_observation_tokens=int(get("max_observation_tokens", 1024)),
                   terminate_on_invalid_call=bool(get("terminate_on_invalid_call", True)),
                   max_repeated_calls=int(get("max_repeated_calls", 3)),
-                  enable_thinking=bool(get("enable_thinking", False)), trace_dir=get("trace_dir", None))
+                  enable_thinking=bool(get("enable_thinking", False)), trace_dir=get("trace_dir", None),
+                  predicates=get("predicates", None))
         args._awm_rollout_config = cfg
         return cfg
 
@@ -119,6 +131,7 @@ class Episode:
     invalid_calls: int = 0
     tool_calls: int = 0
     drift_tokens: int = 0
+    recovery: dict[str, Any] | None = None  # awm_grpo.progress: Phi_0, preservation, per-turn credit signals
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0})
 
     def summary(self) -> dict[str, Any]:
@@ -127,7 +140,7 @@ class Episode:
                 "stop_reason": self.stop_reason, "verdict": self.verdict, "infra_error": self.infra_error,
                 "invalid_calls": self.invalid_calls, "tool_calls": self.tool_calls,
                 "drift_tokens": self.drift_tokens, "verifier_result": self.verifier_result,
-                "timings": self.timings}
+                "timings": self.timings, "credit": (self.recovery or {}).get("credit")}
 
 
 def _training_step(sample: Sample) -> int:
@@ -145,6 +158,7 @@ class ToolRunner:
 
     def __init__(self, cfg: RolloutConfig, env: EnvSession, episode: Episode) -> None:
         self.cfg, self.env, self.episode = cfg, env, episode
+        self.progress: Any = None  # awm_grpo.progress.ProgressTracker when awm_predicates is set
         self.last_key: str | None = None
         self.repeats = 0
 
@@ -250,15 +264,23 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
                           {"enable_thinking": cfg.enable_thinking})
     task = episode.task or (sample.prompt[-1]["content"] if isinstance(sample.prompt, list) else str(sample.prompt))
     episode.task = task
-    prompt = encoder.prompt_ids(task)
-    # The rollout owns the prompt (system prompt and tools depend on the config and the environment).
+    prefix = await start_state(env, sample.metadata or {})
+    episode.messages = [{"role": "user", "content": task}, *prefix]
+    # The rollout owns the prompt (system prompt and tools depend on the config and the environment);
+    # a start-state conversation prefix is part of the prompt, never trained on.
+    prompt = encoder.encode(encoder.render(episode.messages, add_generation_prompt=True)) if prefix \
+        else encoder.prompt_ids(task)
     sample.tokens, sample.response_length, sample.response = list(prompt), 0, ""
     sample.loss_mask, sample.rollout_log_probs = [], []
-    episode.messages = [{"role": "user", "content": task}]
     budget = args.rollout_max_response_len or sampling_params.get("max_new_tokens", 1024)
     if args.rollout_max_context_len is not None:
         budget = min(budget, args.rollout_max_context_len - len(prompt))
     turns = ToolRunner(cfg, env, episode)
+    if cfg.predicates:
+        from awm_grpo.progress import open_tracker
+
+        turns.progress = await asyncio.to_thread(open_tracker, cfg.predicates, env.code, episode.scenario,
+                                                 episode.task_idx, env.db_path)
     open_turn = False
     while True:
         left = budget - sample.response_length
@@ -273,11 +295,13 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         pairs = info.get("output_token_logprobs") or []
         ids, logps = [int(p[1]) for p in pairs], [float(p[0]) for p in pairs]
         text = tokenizer.decode(ids, skip_special_tokens=False)
+        span = [sample.response_length, sample.response_length + len(ids)]  # this turn's model tokens [start, end)
         sample.append_response_tokens(args, ids, logps, meta_info=info, text=text)
         closed = bool(ids) and ids[-1] == encoder.end_of_turn_id
         content = text[: -len(encoder.end_of_turn)] if closed and text.endswith(encoder.end_of_turn) else text
         finish = (info.get("finish_reason") or {}).get("type")
         stop, texts = await model_turn(cfg, turns, content, finish, len(ids), _training_step(sample))
+        episode.turns[-1]["span"] = span
         open_turn = False
         if stop == "engine_abort":
             return  # ABORTED: slime regenerates the group; nothing to verify
@@ -295,7 +319,27 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         sample.status = Sample.Status.COMPLETED
     drift = encoder.drift(sample.tokens, episode.messages, open_turn=open_turn)
     episode.drift_tokens = drift.mismatched_tokens
+    if turns.progress is not None:
+        episode.recovery = await asyncio.to_thread(turns.progress.finish, episode.turns)
+        episode.recovery["prefix_turns"] = sum(m["role"] == "assistant" for m in prefix)
     await verify(cfg, env, episode)
+
+
+async def start_state(env: EnvSession, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Optional start state: load `meta["start_db"]` into the episode; return `meta["start_messages"]`.
+
+    The controlled recovery split (awm_grpo.recovery_split) starts episodes from a snapshotted
+    damaged DB and the conversation that led there (assistant / tool messages after the task).
+    """
+    if meta.get("start_db"):
+        if not hasattr(env, "load_state"):
+            raise ValueError("a start_db needs awm_transport 'inprocess': MCP episodes cannot load a DB file")
+        await env.load_state(str(meta["start_db"]))
+    prefix = list(meta.get("start_messages") or [])
+    for m in prefix:
+        if m.get("role") not in ("assistant", "tool") or not isinstance(m.get("content"), str):
+            raise ValueError(f"start_messages entries must be assistant / tool messages with text content, got {m!r}")
+    return prefix
 
 
 async def model_turn(cfg: RolloutConfig, turns: ToolRunner, content: str, finish: str | None, n_tokens: int,
@@ -324,6 +368,8 @@ async def model_turn(cfg: RolloutConfig, turns: ToolRunner, content: str, finish
     turn["calls"], turn["observations"] = records, texts
     if any("name" in r for r in records):
         turn["state"] = await turns.env.state()
+        if turns.progress is not None:
+            turn["progress"] = await asyncio.to_thread(turns.progress.after_tool_turn)
     if stop is None and len(episode.turns) >= cfg.max_turns_at(step):
         stop = "max_turns"
     if stop is not None:

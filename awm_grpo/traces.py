@@ -57,6 +57,7 @@ def write_trace(trace_dir: str | None, kind: str, step: int, sample: Any, episod
         "verifier_result": episode.verifier_result, "verifier_detail": episode.verdict_detail[:2000],
         "response_length": sample.response_length, "weight_versions": list(sample.weight_versions or []),
         "timings": episode.timings, "turns": episode.turns, "messages": episode.messages,
+        "recovery": getattr(episode, "recovery", None),
     }
     sample.metadata[TRACE_KEY] = record
     if trace_dir:
@@ -126,7 +127,7 @@ def log_rollout(rollout_id: int, args: argparse.Namespace, samples: Sequence[Any
                 rollout_time: float | None = None) -> dict[str, float]:
     """slime hook after each training rollout: write traces, return metrics (merged by slime.train)."""
     records = _flush(args, samples, f"rollout_{rollout_id:06d}")
-    return episode_metrics(records, "awm")
+    return {**episode_metrics(records, "awm"), **_recovery(args, records, "awm/recovery")}
 
 
 def log_eval(rollout_id: int, args: argparse.Namespace, data: dict[str, Any], extra_metrics: Any = None) -> dict[str, float]:
@@ -135,7 +136,15 @@ def log_eval(rollout_id: int, args: argparse.Namespace, data: dict[str, Any], ex
     for name, result in data.items():
         records = _flush(args, result.get("samples") or [], f"eval_{name}_{rollout_id:06d}")
         metrics.update(episode_metrics(records, f"eval_awm/{name}"))
+        metrics.update(_recovery(args, records, f"eval_awm/{name}/recovery"))
     return metrics
+
+
+def _recovery(args: argparse.Namespace, records: Sequence[dict[str, Any]], prefix: str) -> dict[str, float]:
+    """Recovery metrics (recovery-method section 8), all and per task type; progress ones need awm_predicates."""
+    from awm_grpo.recovery import trace_metrics
+
+    return trace_metrics(records, prefix, int(getattr(args, "awm_max_turns", None) or 15))
 
 
 # ---- command line ------------------------------------------------------------------------------

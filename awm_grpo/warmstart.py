@@ -145,9 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-response-len", type=int, default=2048, help="as the CPU profile (episodes that do not fit are dropped)")
     parser.add_argument("--max-observation-tokens", type=int, default=256, help="as the CPU profile")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (one step of this small model gains "
+                        "nothing from more, and more slow down everything else on a busy machine)")
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.manual_seed(opts.seed)
+    torch.set_num_threads(opts.threads)
     out = Path(opts.out)
     base = opts.base
     if base is None:

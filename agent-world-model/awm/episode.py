@@ -330,6 +330,18 @@ class Episode:
             await self._rpc("restore", {"source": str(snap.path)})
             self.steps = snap.step
 
+    async def load_state(self, path: str | os.PathLike[str]) -> None:
+        """Replace the DB with a saved state file (e.g. a damaged state of the controlled recovery split).
+
+        The verifier still compares against the scenario's initial DB, so an episode can start
+        mid-task from a state another episode produced. `steps` is left as is.
+        """
+        source = Path(path).resolve()
+        if not source.is_file():
+            raise FileNotFoundError(f"state file {source} does not exist")
+        async with self._busy:
+            await self._rpc("restore", {"source": str(source)})
+
     def state_hash(self) -> str:
         """Logical hash of the current DB content (for traces and replay checks)."""
         return state_hash(self.db_path)

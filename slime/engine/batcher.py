@@ -481,11 +481,12 @@ def _sample_row(logprobs: torch.Tensor, params: SamplingParams, generator: torch
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
     if params.min_p > 0:
         probs = torch.where(probs >= params.min_p * probs.max(), probs, 0.0)
-    # Inverse-CDF draw: one uniform from the request's own RNG (several times faster than multinomial
-    # at this size); `right=True` can only land on a candidate with non-zero mass.
-    cdf = probs.cumsum(0)
-    u = torch.rand((), generator=generator) * cdf[-1]
-    return min(int(torch.searchsorted(cdf, u, right=True)), probs.numel() - 1)
+    # Exponential-race draw (Gumbel-max): argmax(p_i / E_i) with E_i ~ Exp(1) from the request's own RNG
+    # picks i with probability p_i. Unlike an inverse-CDF draw, whose cumulative sums move by float
+    # rounding when the batch composition changes, it only flips on a near-exact tie, so a request
+    # samples the same tokens alone or batched (tested).
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return int(torch.argmax(probs / noise))
 
 
 def _cache_tensors(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

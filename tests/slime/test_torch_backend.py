@@ -176,7 +176,13 @@ def test_micro_batches_accumulate_to_the_whole_batch_update(gradient_checkpointi
     assert m_split["grad_norm"] == pytest.approx(m_whole["grad_norm"], rel=1e-5)
     assert m_split["entropy"] == pytest.approx(m_whole["entropy"], abs=1e-5)
     assert_same_params(g_whole, g_split, atol=1e-5)
-    assert_same_params(params(whole.model), params(split.model), atol=1e-5)
+    # Adam's first step moves each weight by about lr * sign(g): where a gradient is float noise
+    # around 0 its sign (and so the step) is arbitrary, so compare the weights where |g| is real.
+    after_whole, after_split = params(whole.model), params(split.model)
+    for key, g in g_whole.items():
+        real = g.abs() > 1e-5
+        assert real.any()
+        torch.testing.assert_close(after_whole[key][real], after_split[key][real], atol=1e-5, rtol=0, msg=key)
 
 
 def test_kl_loss_uses_the_reference_model():

@@ -1,0 +1,101 @@
+"""The pieces of `python -m awm_grpo.compare`: equal runs but for the credit, valid slime flags, checkpoint export.
+
+The full command (train B1 and the method, evaluate on the controlled split) is the slow test at
+the end; it runs one step per method with the random tiny model, so it checks wiring, not learning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from awm_grpo import compare
+from slime.arguments import parse_args
+
+
+def options(**kw):
+    parser_defaults = {"lam": 0.5, "beta": 0.05, "eta": 0.95, "max_turns": 6, "max_tokens_per_turn": 128,
+                       "steps": 2, "batch": 2, "group": 4, "lr": 1e-5, "max_response_len": 1024,
+                       "train_prompts": "train.jsonl"}
+    import argparse
+
+    return argparse.Namespace(**{**parser_defaults, **kw})
+
+
+def test_runs_differ_only_in_the_credit_method(tmp_path):
+    opts = options()
+    b1 = compare.runtime_yaml(opts, "b1", tmp_path / "p.jsonl", tmp_path / "t")
+    ours = compare.runtime_yaml(opts, "ours", tmp_path / "p.jsonl", tmp_path / "t")
+    assert {k for k in b1 if b1[k] != ours[k]} == {"awm_credit_method"}
+    assert b1["awm_predicates"] == str(tmp_path / "p.jsonl") and b1["awm_terminate_on_invalid_call"] is True
+
+
+def test_training_command_is_valid_for_slime_and_uses_the_custom_advantages(tmp_path):
+    cmd = compare.train_command(options(), tmp_path / "model", tmp_path / "run", tmp_path / "c.yaml", seed=3)
+    assert cmd[1:3] == ["-m", "slime.train"]
+    (tmp_path / "c.yaml").write_text("awm_credit_method: ours\n")
+    args = parse_args(cmd[3:])
+    assert args.custom_advantage_function_path == "awm_grpo.recovery.advantages"
+    assert args.custom_generate_function_path == "awm_grpo.rollout.generate"
+    assert args.seed == args.rollout_seed == 3 and args.num_rollout == 2 and args.save_interval == 2
+    assert args.dynamic_sampling_filter_path is None and args.awm_credit_method == "ours"
+
+
+def test_final_model_is_the_last_iteration_with_the_base_tokenizer(tmp_path, tiny_model_dir):
+    it = tmp_path / "run" / "ckpt" / "iter_0000002" / "model"
+    it.mkdir(parents=True)
+    for f in tiny_model_dir.iterdir():
+        if f.suffix in (".safetensors",) or f.name == "config.json":
+            shutil.copyfile(f, it / f.name)
+    (tmp_path / "run" / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
+    final = compare.final_model(tmp_path / "run", tiny_model_dir)
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(final).vocab_size > 0 and (final / "model.safetensors").exists()
+    with pytest.raises(RuntimeError, match="no checkpoint"):
+        compare.final_model(tmp_path / "nothing", tiny_model_dir)
+
+
+def test_held_out_tasks_come_from_the_val_and_test_prompt_files(tmp_path):
+    for name, tasks in (("val", [("a", 1)]), ("test", [("b", 2), ("b", 3)])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(
+            json.dumps({"text": "t", "metadata": {"scenario": s, "task_idx": i}}) + "\n" for s, i in tasks))
+    assert compare.held_out_tasks("heldout", tmp_path) == {("a", 1), ("b", 2), ("b", 3)}
+    assert compare.held_out_tasks("test", tmp_path) == {("b", 2), ("b", 3)}
+    assert compare.held_out_tasks("all", tmp_path) is None
+
+
+def test_training_prompts_add_the_handovers_of_tasks_not_held_out(tmp_path):
+    split = tmp_path / "split"
+    split.mkdir()
+    meta = [{"scenario": "a", "task_idx": i, "task": f"t{i}", "start_db": f"states/{i}.db"} for i in (1, 2)]
+    (split / "split.jsonl").write_text("".join(json.dumps({"text": m["task"], "metadata": m}) + "\n" for m in meta))
+    (tmp_path / "train.jsonl").write_text(json.dumps({"text": "x", "metadata": {"scenario": "b", "task_idx": 0}}) + "\n")
+    opts = options(train_prompts=str(tmp_path / "train.jsonl"), train_from="both")
+    path = compare.training_prompts(opts, split, {("a", 2)}, tmp_path / "out.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["metadata"].get("task_idx") for r in rows] == [0, 1]  # task a/2 is held out
+    assert rows[1]["metadata"]["start_db"] == str((split / "states/1.db").resolve())
+    assert rows[1]["text"] == [{"role": "user", "content": "t1"}]
+    opts.train_from = "handovers"
+    assert len(compare.training_prompts(opts, split, None, tmp_path / "o2.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_compare_trains_both_methods_and_prints_the_table(tmp_path, tiny_model_dir):
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-m", "awm_grpo.compare", "--out", str(tmp_path), "--model",
+                          str(tiny_model_dir), "--steps", "1", "--batch", "1", "--group", "2", "--seeds", "0",
+                          "--eval-limit", "1", "--max-response-len", "512", "--max-tokens-per-turn", "32",
+                          "--eval-tasks", "all"], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert set(result["table"]) == {"base", "b1", "ours"}
+    assert "recovery_success" in out.stdout and "ours" in out.stdout
