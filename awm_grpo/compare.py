@@ -39,13 +39,12 @@ import yaml
 from awm_grpo import recovery_split
 from awm_grpo.launch import PLUGINS
 from awm_grpo.recovery import METHODS
+from slime.backends.checkpoint import copy_tokenizer_files
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "runs" / "awm_grpo" / "compare"
 SPLITS = REPO / "runs" / "awm_grpo" / "splits" / "bundled"
 MODELS = REPO / "runs" / "awm_grpo" / "models"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "generation_config.json")
 
 
 def runtime_yaml(opts: argparse.Namespace, method: str, predicates: Path, trace_dir: Path) -> dict[str, Any]:
@@ -104,9 +103,7 @@ def final_model(run_dir: Path, base: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(src, dest)
-    for name in TOKENIZER_FILES:
-        if (base / name).exists() and not (dest / name).exists():
-            shutil.copyfile(base / name, dest / name)
+    copy_tokenizer_files(base, dest)  # checkpoints carry them already; older ones may not
     return dest
 
 

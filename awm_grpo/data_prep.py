@@ -50,18 +50,19 @@ class Task:
     task_idx: int
     task: str
     task_type: str | None
+    family: str | None = None  # practice set: the task family of an instance (stratum of the task split)
 
 
-def read_task_types(path: str | Path) -> dict[tuple[str, int], str]:
-    """(scenario, task_idx) -> task_type from a JSONL file of {scenario, task_idx, task_type} rows."""
+def read_task_types(path: str | Path, field: str = "task_type") -> dict[tuple[str, int], str]:
+    """(scenario, task_idx) -> task_type (or another `field`) from JSONL rows of {scenario, task_idx, field}."""
     out: dict[tuple[str, int], str] = {}
     for lineno, row in enumerate(read_jsonl(path), start=1):
         try:
             key = (normalize_scenario_name(row["scenario"]), int(row["task_idx"]))
         except (KeyError, TypeError, ValueError):
             raise SplitError(f"{path}: row {lineno} needs 'scenario' and an integer 'task_idx'") from None
-        if row.get("task_type") is not None:
-            out[key] = str(row["task_type"])
+        if row.get(field) is not None:
+            out[key] = str(row[field])
     return out
 
 
@@ -75,10 +76,12 @@ def load_tasks(data_dir: Path, *, task_types_file: str | Path | None = None, exc
     exclude = read_exclusions(exclude_file) if exclude_file else set()
     dataset = AWMDataset(data_dir, exclude=exclude)
     labels: dict[tuple[str, int], str] = {}
+    families: dict[tuple[str, int], str] = {}
     sources = []
     bundled_labels = data_dir / LABELS_FILE
     if bundled_labels.is_file():
         labels.update(read_task_types(bundled_labels))
+        families = read_task_types(bundled_labels, "family")
         sources.append(str(bundled_labels))
     if task_types_file:
         labels.update(read_task_types(task_types_file))
@@ -86,7 +89,7 @@ def load_tasks(data_dir: Path, *, task_types_file: str | Path | None = None, exc
     tasks = []
     for scenario, idx in dataset.task_keys(runnable_only=not include_unrunnable):
         texts = dataset.tasks(scenario)
-        tasks.append(Task(scenario, idx, texts[idx], labels.get((scenario, idx))))
+        tasks.append(Task(scenario, idx, texts[idx], labels.get((scenario, idx)), families.get((scenario, idx))))
     if not tasks:
         hint = "" if include_unrunnable else " (runnable scenarios only: pass --include-unrunnable to list " \
                                              "tasks of scenarios without environment code)"
@@ -147,8 +150,9 @@ def split_tasks(tasks: list[Task], *, ratios: tuple[float, ...], seed: int, spli
     if split_by == "scenario":
         dealt = deal([(dominant_type(by_scenario[n]), n) for n in names], ratios, seed)
         chosen = [[t for n in sorted(part) for t in by_scenario[n]] for part in dealt]
-    elif split_by == "task":
-        units = [(t.task_type, (t.scenario, t.task_idx)) for n in names for t in by_scenario[n]]
+    elif split_by == "task":  # stratum: the task family where there is one, so each family reaches every split
+        units = [(t.family and f"{t.scenario}/{t.family}" or t.task_type, (t.scenario, t.task_idx))
+                 for n in names for t in by_scenario[n]]
         index = {(t.scenario, t.task_idx): t for t in tasks}
         chosen = [[index[k] for k in sorted(part)] for part in deal(units, ratios, seed)]
     else:
@@ -164,9 +168,11 @@ def split_tasks(tasks: list[Task], *, ratios: tuple[float, ...], seed: int, spli
 
 def prompt_record(task: Task, split: str, data_dir: Path) -> dict[str, Any]:
     """One prompt line; the rollout adds the system prompt and the tools itself."""
-    return {"text": [{"role": "user", "content": task.task}],
-            "metadata": {"scenario": task.scenario, "task_idx": task.task_idx, "task": task.task,
-                         "task_type": task.task_type, "split": split, "data_dir": str(data_dir)}}
+    meta = {"scenario": task.scenario, "task_idx": task.task_idx, "task": task.task,
+            "task_type": task.task_type, "split": split, "data_dir": str(data_dir)}
+    if task.family:
+        meta["family"] = task.family
+    return {"text": [{"role": "user", "content": task.task}], "metadata": meta}
 
 
 def prepare(out: str | Path, *, data_dir: str | Path | None = None, seed: int = 42,

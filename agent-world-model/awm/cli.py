@@ -191,11 +191,11 @@ def cmd_verify_audit(args: argparse.Namespace) -> int:
 
 # ---- demo ---------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Replay every bundled task's reference and wrong solution, verify both, print a table."""
+    """Replay every task's reference and wrong solution (bundled, or the practice set), verify both, print a table."""
     from awm.episode import EnvRuntime
     from awm.solutions import load_solutions, replay
 
-    solutions = load_solutions()
+    solutions = load_solutions(args.data_dir)
 
     async def run_task(runtime: EnvRuntime, key: tuple[str, int]) -> dict:
         sol = solutions[key]
@@ -209,7 +209,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return out
 
     async def main() -> list[dict]:
-        with EnvRuntime(num_workers=args.workers) as runtime:
+        with EnvRuntime(args.data_dir, num_workers=args.workers) as runtime:
             keys = sorted(k for k in solutions if not args.scenarios or k[0] in args.scenarios)
             return list(await asyncio.gather(*(run_task(runtime, k) for k in keys)))
 
@@ -293,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_verify)
 
     sp = sub.add_parser("demo", help="replay the bundled reference/wrong solutions through the runtime and verify")
+    sp.add_argument("--data-dir", help="a folder with reference_solutions.jsonl, e.g. the practice set "
+                    "(default: the bundled scenarios)")
     sp.add_argument("--scenarios", nargs="*")
     sp.add_argument("--workers", type=int, default=None)
     sp.set_defaults(func=cmd_demo)

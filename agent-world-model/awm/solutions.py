@@ -29,12 +29,14 @@ class Solution:
     final_answer: str | None
     wrong_calls: list[dict[str, Any]]
     wrong_final_answer: str | None
+    family: str | None = None  # practice set: the task family this instance comes from (awm.scenarios.families)
 
 
 def load_solutions(data_dir: str | os.PathLike[str] | None = None) -> dict[tuple[str, int], Solution]:
     path = Path(data_dir or bundled_data_dir()) / "reference_solutions.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: only the bundled scenarios ship reference solutions")
+        raise FileNotFoundError(f"{path} does not exist: only the bundled scenarios and their practice set "
+                                "(`python -m awm.scenarios.build --practice DIR`) ship reference solutions")
     return {(r["scenario"], r["task_idx"]): Solution(**r) for r in read_jsonl(path)}
 
 

@@ -5,7 +5,8 @@ Layout (the shape of slime's Megatron checkpoints, with HF safetensors inside):
     <save_dir>/
       latest_checkpointed_iteration.txt   # the last complete iteration, e.g. "20"
       iter_0000020/
-        model/                            # save_pretrained: config.json + *.safetensors
+        model/                            # save_pretrained: config.json + *.safetensors (+ the tokenizer
+                                          #   files of the run's HF checkpoint: servable and evaluable as is)
         optimizer.pt                      # optimizer and LR-scheduler state dicts
         rng.pt                            # torch CPU (and CUDA) generator states
         trainer_state.json                # step, iteration, python/numpy RNG, caller's data position
@@ -33,10 +34,24 @@ FORMAT_VERSION = 1
 # optimizer.pt's "optimizer_format" when its state is keyed by parameter name (portable across
 # world sizes and FSDP); absent: torch's `optimizer.state_dict()` keyed by parameter index.
 OPTIMIZER_BY_NAME = "by_name"
+# What a Hugging Face folder needs besides the weights to tokenize and chat (whichever of them exist).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "generation_config.json")
 
 
 def iteration_dir(save_dir: str | os.PathLike, iteration: int) -> Path:
     return Path(save_dir) / f"iter_{iteration:07d}"
+
+
+def copy_tokenizer_files(src: str | os.PathLike, dest: str | os.PathLike) -> list[str]:
+    """Copy the tokenizer files of HF folder `src` that `dest` lacks; returns their names."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (Path(src) / name).is_file() and not (Path(dest) / name).exists():
+            shutil.copyfile(Path(src) / name, Path(dest) / name)
+            copied.append(name)
+    return copied
 
 
 def save_checkpoint(
@@ -49,13 +64,15 @@ def save_checkpoint(
     state: dict[str, Any],
     model_state_dict: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    tokenizer_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Write iteration `iteration` under `save_dir` atomically and point the latest file at it.
 
     `state` must be JSON-serialisable (step counters, the data source's position). Sharded or
     replicated trainers pass the gathered full `model_state_dict` (HF names) and `optimizer_state`
     (keyed by parameter name, `torch.distributed.checkpoint.state_dict` style) and call this on
-    rank 0 only; by default both are taken from `model` and `optimizer`.
+    rank 0 only; by default both are taken from `model` and `optimizer`. `tokenizer_dir` (the run's
+    HF checkpoint): its tokenizer files are copied into `model/`, so the folder is a complete model.
     """
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -64,6 +81,8 @@ def save_checkpoint(
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     tmp.mkdir()
     model.save_pretrained(tmp / "model", state_dict=model_state_dict)
+    if tokenizer_dir is not None:
+        copy_tokenizer_files(tokenizer_dir, tmp / "model")
     opt: dict[str, Any] = {"scheduler": scheduler.state_dict()}
     if optimizer_state is None:
         opt["optimizer"] = optimizer.state_dict()

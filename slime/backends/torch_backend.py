@@ -321,7 +321,8 @@ class TorchTrainer:
     # ---- checkpoints -------------------------------------------------------------------------
 
     def save_checkpoint(
-        self, save_dir: str | os.PathLike, *, iteration: int | None = None, data_state: dict | None = None
+        self, save_dir: str | os.PathLike, *, iteration: int | None = None, data_state: dict | None = None,
+        tokenizer_dir: str | os.PathLike | None = None,
     ) -> str:
         """Atomically save weights, optimizer, RNG and `data_state` as `save_dir/iter_<iteration>`.
 
@@ -336,7 +337,7 @@ class TorchTrainer:
         if self.dp.is_main:
             path = ckpt.save_checkpoint(
                 save_dir, iteration, model=self._hf_writer(), optimizer=self.optimizer, scheduler=self.scheduler,
-                state=state, model_state_dict=weights, optimizer_state=optim,
+                state=state, model_state_dict=weights, optimizer_state=optim, tokenizer_dir=tokenizer_dir,
             )
         self.dp.barrier()
         return str(path)

@@ -83,7 +83,8 @@ class TrainWorker:
         return self.trainer.load_checkpoint(path)
 
     def save(self, save_dir: str, iteration: int, data_state: dict[str, Any]) -> str:
-        return self.trainer.save_checkpoint(save_dir, iteration=iteration, data_state=data_state)
+        return self.trainer.save_checkpoint(save_dir, iteration=iteration, data_state=data_state,
+                                            tokenizer_dir=self.args.hf_checkpoint)
 
     def export(self, out_dir: str) -> str:
         """An HF folder with tokenizer, loadable by any engine (rank 0 writes it)."""

@@ -264,3 +264,17 @@ def test_export_hf_loads_back_with_transformers(tmp_path):
     reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert_same_params(params(reloaded), params(trainer.model))
     assert TorchTrainer(reloaded).compute_log_probs(samples) == trainer.compute_log_probs(samples)
+
+
+def test_checkpoint_model_folder_carries_the_tokenizer_and_chats(tmp_path):
+    from transformers import AutoTokenizer
+
+    from slime.models.tiny import build_tiny_model
+
+    source = build_tiny_model(tmp_path / "hf", seed=0)
+    trainer = TorchTrainer(str(source), TrainerConfig(lr=1e-2))
+    path = trainer.save_checkpoint(tmp_path / "ckpt", tokenizer_dir=source)
+    tokenizer = AutoTokenizer.from_pretrained(f"{path}/model")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "hi" in text and (tmp_path / "ckpt" / "iter_0000000" / "model" / "chat_template.jinja").is_file()
+    assert TorchTrainer(f"{path}/model").compute_log_probs(mixed_samples()) == trainer.compute_log_probs(mixed_samples())

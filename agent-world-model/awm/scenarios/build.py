@@ -4,7 +4,11 @@ Each `<scenario>/scenario.py` holds the data and `<scenario>/app.py` the environ
 this writes the exact AWM-1K record shapes to `data/`, one line per record, so the runtime
 reads bundled scenarios and a downloaded AWM-1K through the same code path.
 
-Usage: python -m awm.scenarios.build [--check]
+`--practice DIR` writes the practice set instead: the same scenarios with, after each scenario's ten
+hand-written tasks, every instance of its task families (awm.scenarios.families). It is not committed:
+setup.sh builds it for the CPU recipe.
+
+Usage: python -m awm.scenarios.build [--check] [--practice DIR]
 """
 
 from __future__ import annotations
@@ -24,17 +28,22 @@ def scenario_names() -> list[str]:
     return sorted(p.parent.name for p in HERE.glob("*/scenario.py"))
 
 
-def _rows(name: str) -> dict[str, list[dict]]:
+def _rows(name: str, practice: bool = False) -> dict[str, list[dict]]:
     src = importlib.import_module(f"awm.scenarios.{name}.scenario")
     if src.NAME != name:
         raise ValueError(f"scenarios/{name}/scenario.py declares NAME={src.NAME!r}; it must equal the folder name")
     if len(src.TASKS) != 10:
         raise ValueError(f"scenario {name!r} has {len(src.TASKS)} tasks; AWM-1K scenarios have exactly 10")
+    tasks = list(src.TASKS)
+    if practice:
+        from awm.scenarios.families import expand_scenario
+
+        tasks += expand_scenario(src)
     code = (HERE / name / "app.py").read_text(encoding="utf-8")
     inserts = sum(len(t["insert_statements"]) for t in src.SAMPLE)
     rows: dict[str, list[dict]] = {
         "gen_scenario": [{"name": name, "description": src.DESCRIPTION}],
-        "gen_tasks": [{"scenario": name, "tasks": [t["task"] for t in src.TASKS]}],
+        "gen_tasks": [{"scenario": name, "tasks": [t["task"] for t in tasks]}],
         "gen_db": [{"scenario": name, "db_schema": {"tables": src.TABLES}, "db_path": f"./outputs/databases/{name}.db"}],
         "gen_sample": [{"scenario": name, "tables_count": len(src.SAMPLE), "inserts_count": inserts,
                         "sample_data": {"tables": src.SAMPLE}}],
@@ -43,22 +52,23 @@ def _rows(name: str) -> dict[str, list[dict]]:
         "reference_solutions": [],
         "tool_probes": [{"scenario": name, "calls": src.PROBES}],
     }
-    for idx, t in enumerate(src.TASKS):
+    for idx, t in enumerate(tasks):
         rows["gen_verifier.pure_code"].append({"scenario": name, "task_idx": idx, "task": t["task"],
                                                "verification": {"code": t["verifier"], "raw_response": ""}})
         rows["reference_solutions"].append({
             "scenario": name, "task_idx": idx, "task_type": t["task_type"], "repair": bool(t.get("repair")),
             "calls": t["solution"]["calls"], "final_answer": t["solution"].get("final_answer"),
             "wrong_calls": t["wrong"]["calls"], "wrong_final_answer": t["wrong"].get("final_answer"),
+            **({"family": t["family"]} if t.get("family") else {}),
         })
     return rows
 
 
-def render() -> dict[str, str]:
-    """File name -> exact text of every file in data/."""
+def render(practice: bool = False, names: list[str] | None = None) -> dict[str, str]:
+    """File name -> exact text of every file in data/ (or of the practice set), of `names` or all scenarios."""
     merged: dict[str, list[dict]] = {}
-    for name in scenario_names():
-        for stage, rows in _rows(name).items():
+    for name in names or scenario_names():
+        for stage, rows in _rows(name, practice).items():
             merged.setdefault(stage, []).extend(rows)
     return {f"{stage}.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             for stage, rows in merged.items()}
@@ -67,7 +77,24 @@ def render() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if data/ differs from the sources")
+    parser.add_argument("--practice", metavar="DIR", help="write the practice set (hand-written tasks + task "
+                        "family instances) to DIR instead of data/")
+    parser.add_argument("--scenarios", nargs="+", help="with --practice: only these scenarios")
     args = parser.parse_args(argv)
+    if args.practice:
+        out = Path(args.practice)
+        out.mkdir(parents=True, exist_ok=True)
+        unknown = sorted(set(args.scenarios or []) - set(scenario_names()))
+        if unknown:
+            parser.error(f"unknown scenarios {unknown}: choose from {scenario_names()}")
+        files = render(practice=True, names=args.scenarios)
+        for name, text in files.items():
+            tmp = out / f".{name}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(out / name)
+        tasks = sum(len(json.loads(line)["tasks"]) for line in files["gen_tasks.jsonl"].splitlines())
+        print(f"wrote the practice set ({tasks} tasks in {len(args.scenarios or scenario_names())} scenarios) to {out}")
+        return 0
     files = render()
     if args.check:
         stale = [n for n, text in files.items()

@@ -672,3 +672,91 @@ PROBES = [
     {"tool": "pay_fine", "arguments": {"fine_id": 1, "payment_method": "bitcoin"}},
     {"tool": "list_my_holds", "arguments": {}},
 ]
+
+# Task families (awm.scenarios.families): the practice set's parameterised tasks, one instance per slot row.
+_BOOK_SLOTS = "SELECT id AS book_id, title, author, genre, publication_year AS year FROM books ORDER BY id"
+FAMILIES = [
+    {
+        "family": "book_author",
+        "task_type": "info_seeking",
+        "slots": _BOOK_SLOTS,
+        "task": "Who is the author of '{title}'?",
+        "verifier": _verifier,
+        "check": 'return unchanged_except() and P["author"].lower() in answer_text()',
+        "solution": {"calls": [{"tool": "search_books", "arguments": {"query": "{title}"}}],
+                     "final_answer": "'{title}' is by {author}."},
+    },
+    {
+        "family": "book_year",
+        "task_type": "info_seeking",
+        "slots": _BOOK_SLOTS,
+        "task": "In what year was '{title}' published?",
+        "verifier": _verifier,
+        "check": 'return unchanged_except() and mentions_number(answer_text(), P["year"])',
+        "solution": {"calls": [{"tool": "search_books", "arguments": {"query": "{title}"}}],
+                     "final_answer": "'{title}' was published in {year}."},
+    },
+    {
+        "family": "book_genre",
+        "task_type": "info_seeking",
+        "slots": _BOOK_SLOTS,
+        "task": "Which genre is '{title}' filed under in the catalogue?",
+        "verifier": _verifier,
+        "check": 'return unchanged_except() and P["genre"].lower() in answer_text()',
+        "solution": {"calls": [{"tool": "search_books", "arguments": {"query": "{title}"}}],
+                     "final_answer": "'{title}' is filed under {genre}."},
+    },
+    {
+        "family": "copies_available",
+        "task_type": "info_seeking",
+        "slots": "SELECT b.title, (SELECT COUNT(*) FROM copies c WHERE c.book_id = b.id AND c.status = 'available') "
+                 "AS available FROM books b ORDER BY b.id",
+        "task": "How many copies of '{title}' are available to borrow across all branches right now?",
+        "verifier": _verifier,
+        "check": 'return unchanged_except() and mentions_number(answer_text(), P["available"])',
+        "solution": {"calls": [{"tool": "search_books", "arguments": {"query": "{title}"}}],
+                     "final_answer": "{available} copies of '{title}' are available right now."},
+    },
+    {
+        "family": "place_hold",
+        "task_type": "state_mutating",
+        # books member 1 holds nothing active on, paired with a pickup branch (diagonal walk, no cross product)
+        "slots": "SELECT b.id AS book_id, b.title, br.id AS branch_id, br.name AS branch FROM books b "
+                 "JOIN branches br ON br.id = 1 + (b.id % 4) WHERE NOT EXISTS (SELECT 1 FROM holds h WHERE "
+                 "h.book_id = b.id AND h.member_id = 1 AND h.status = 'waiting') ORDER BY b.id",
+        "task": "Place a hold on '{title}' for pickup at the {branch}.",
+        "verifier": _verifier,
+        "check": '''
+if not unchanged_except("holds"):
+    return False
+_, after, added, removed, changed = diff("holds")
+if len(added) != 1 or removed or changed:
+    return False
+hold = after[added[0]]
+return (hold["book_id"] == P["book_id"] and hold["member_id"] == 1 and hold["pickup_branch_id"] == P["branch_id"]
+        and hold["status"] == "waiting")
+''',
+        "solution": {"calls": [{"tool": "search_books", "arguments": {"query": "{title}"}},
+                               {"tool": "list_branches", "arguments": {}},
+                               {"tool": "place_hold", "arguments": {"book_id": "{book_id}",
+                                                                    "pickup_branch_id": "{branch_id}"}}],
+                     "final_answer": "Placed a hold on '{title}' for pickup at the {branch}."},
+    },
+    {
+        "family": "home_branch",
+        "task_type": "state_mutating",
+        "slots": "SELECT id AS branch_id, name AS branch FROM branches WHERE id <> "
+                 "(SELECT home_branch_id FROM members WHERE id = 1) ORDER BY id",
+        "task": "Make the {branch} my home branch.",
+        "verifier": _verifier,
+        "check": '''
+if not unchanged_except("members"):
+    return False
+_, after, added, removed, changed = diff("members")
+return not added and not removed and changed == [1] and after[1]["home_branch_id"] == P["branch_id"]
+''',
+        "solution": {"calls": [{"tool": "list_branches", "arguments": {}},
+                               {"tool": "update_my_account", "arguments": {"home_branch_id": "{branch_id}"}}],
+                     "final_answer": "Your home branch is now the {branch}."},
+    },
+]
