@@ -719,3 +719,152 @@ PROBES = [
     {"tool": "update_my_profile", "arguments": {"email": "daniel.cho@example.com"}},
     {"tool": "send_message", "arguments": {"doctor_id": 42, "subject": "Hello", "body": "Test"}},
 ]
+
+# Task families (awm.scenarios.families): the practice set's parameterised tasks, one instance per slot row.
+_DOCTOR_SLOTS = "SELECT id AS doctor_id, full_name AS doctor, specialty FROM doctors ORDER BY id"
+_MY_RX_SLOTS = ("SELECT p.id AS rx_id, p.medication_name AS medication, p.dosage, p.refills_remaining AS refills, "
+                "d.full_name AS doctor FROM prescriptions p JOIN doctors d ON d.id = p.doctor_id "
+                "WHERE p.patient_id = 1 ORDER BY p.id")
+FAMILIES = [
+    {
+        "family": "doctor_specialty",
+        "task_type": "info_seeking",
+        "slots": _DOCTOR_SLOTS,
+        "task": "What is Dr. {doctor}'s medical specialty?",
+        "verifier": _verifier,
+        "check": 'return unchanged_except() and P["specialty"].lower() in answer_text()',
+        "solution": {"calls": [{"tool": "search_doctors", "arguments": {"name": "{doctor}"}}],
+                     "final_answer": "Dr. {doctor} specializes in {specialty}."},
+    },
+    {
+        "family": "doctor_open_slots",
+        "task_type": "info_seeking",
+        "slots": "SELECT d.id AS doctor_id, d.full_name AS doctor, (SELECT COUNT(*) FROM time_slots s "
+                 "WHERE s.doctor_id = d.id AND s.status = 'open') AS open_slots FROM doctors d ORDER BY d.id",
+        "task": "How many open appointment slots, of any visit type, does Dr. {doctor} have?",
+        "verifier": _verifier,
+        "check": 'return unchanged_except() and mentions_number(answer_text(), P["open_slots"])',
+        "solution": {"calls": [{"tool": "search_doctors", "arguments": {"name": "{doctor}"}},
+                               {"tool": "list_doctor_slots", "arguments": {"doctor_id": "{doctor_id}",
+                                                                           "status": "open"}}],
+                     "final_answer": "Dr. {doctor} has {open_slots} open slots."},
+    },
+    {
+        "family": "prescription_prescriber",
+        "task_type": "info_seeking",
+        "slots": _MY_RX_SLOTS,
+        "task": "Which doctor wrote my {medication} {dosage} prescription?",
+        "verifier": _verifier,
+        "check": '''
+if not unchanged_except():
+    return False
+text = answer_text()
+others = [r[0].lower() for r in fetch(initial_db_path, "SELECT full_name FROM doctors WHERE full_name != ?",
+                                      (P["doctor"],))]
+return P["doctor"].lower() in text and not any(o in text for o in others)
+''',
+        "solution": {"calls": [{"tool": "list_my_prescriptions", "arguments": {"medication": "{medication}"}}],
+                     "final_answer": "Your {medication} {dosage} prescription was written by Dr. {doctor}."},
+    },
+    {
+        "family": "prescription_refills",
+        "task_type": "info_seeking",
+        "slots": _MY_RX_SLOTS,
+        "task": "How many refills remain on my {medication} {dosage} prescription?",
+        "verifier": _verifier,
+        "check": 'return unchanged_except() and mentions_number(answer_text(), P["refills"])',
+        "solution": {"calls": [{"tool": "list_my_prescriptions", "arguments": {"medication": "{medication}"}}],
+                     "final_answer": "{refills} refills remain on your {medication} {dosage} prescription."},
+    },
+    {
+        "family": "refill_at_pharmacy",
+        "task_type": "state_mutating",
+        # my refillable prescriptions paired with every pharmacy other than the default and no pending request there
+        "slots": "SELECT p.id AS rx_id, p.medication_name AS medication, p.dosage, ph.id AS pharmacy_id, "
+                 "ph.name AS pharmacy FROM prescriptions p JOIN pharmacies ph ON ph.id <> COALESCE(p.pharmacy_id, 0) "
+                 "WHERE p.patient_id = 1 AND p.status = 'active' AND p.refills_remaining > 0 AND NOT EXISTS "
+                 "(SELECT 1 FROM refill_requests r WHERE r.prescription_id = p.id AND r.pharmacy_id = ph.id "
+                 "AND r.status = 'pending') ORDER BY p.id, ph.id",
+        "limit": 10,
+        "task": "Please send a refill request for my {medication} {dosage} to {pharmacy}.",
+        "verifier": _verifier,
+        "check": '''
+if not unchanged_except("refill_requests"):
+    return False
+_, after, added, removed, changed = diff("refill_requests")
+if len(added) != 1 or removed or changed:
+    return False
+req = after[added[0]]
+return (req["prescription_id"] == P["rx_id"] and req["pharmacy_id"] == P["pharmacy_id"]
+        and req["status"] == "pending")
+''',
+        "solution": {"calls": [{"tool": "list_my_prescriptions", "arguments": {"medication": "{medication}",
+                                                                               "status": "active"}},
+                               {"tool": "list_pharmacies", "arguments": {"query": "{pharmacy}"}},
+                               {"tool": "request_refill", "arguments": {"prescription_id": "{rx_id}",
+                                                                        "pharmacy_id": "{pharmacy_id}"}}],
+                     "final_answer": "A refill of your {medication} {dosage} has been requested at {pharmacy}."},
+    },
+    {
+        "family": "message_office_hours",
+        "task_type": "state_mutating",
+        "slots": _DOCTOR_SLOTS,
+        "task": "Send Dr. {doctor} a message with the subject 'Office hours' asking 'What are your office hours "
+                "next week?'",
+        "verifier": _verifier,
+        "check": '''
+if not unchanged_except("messages"):
+    return False
+_, after, added, removed, changed = diff("messages")
+if len(added) != 1 or removed or changed:
+    return False
+msg = after[added[0]]
+return (msg["patient_id"] == 1 and msg["doctor_id"] == P["doctor_id"] and msg["direction"] == "to_doctor"
+        and msg["subject"].strip().lower() == "office hours"
+        and "what are your office hours next week" in msg["body"].lower())
+''',
+        "solution": {"calls": [{"tool": "search_doctors", "arguments": {"name": "{doctor}"}},
+                               {"tool": "send_message", "arguments": {
+                                   "doctor_id": "{doctor_id}", "subject": "Office hours",
+                                   "body": "What are your office hours next week?"}}],
+                     "final_answer": "Your message about office hours was sent to Dr. {doctor}."},
+    },
+    {
+        "family": "book_earliest_slot",
+        "task_type": "state_mutating",
+        # doctors I may book (accepting new patients, or seen before) with their earliest open slot of each type
+        "slots": "SELECT * FROM (SELECT d.id AS doctor_id, d.full_name AS doctor, k.kind, "
+                 "CASE k.kind WHEN 'video' THEN 'video' ELSE 'in-person' END AS kind_text, "
+                 "CASE d.specialty WHEN 'Internal Medicine' THEN 'medication review' WHEN 'Dermatology' "
+                 "THEN 'skin rash' WHEN 'Orthopedics' THEN 'sprained ankle' ELSE 'consultation' END AS reason, "
+                 "(SELECT s.id FROM time_slots s WHERE s.doctor_id = d.id AND s.status = 'open' "
+                 "AND s.slot_type = k.kind ORDER BY s.start_time, s.id LIMIT 1) AS slot_id "
+                 "FROM doctors d CROSS JOIN (SELECT 'in_person' AS kind UNION ALL SELECT 'video') k "
+                 "WHERE d.accepting_new_patients = 1 OR EXISTS (SELECT 1 FROM appointments a "
+                 "WHERE a.patient_id = 1 AND a.doctor_id = d.id)) WHERE slot_id IS NOT NULL "
+                 "ORDER BY doctor_id, kind",
+        "task": "Book Dr. {doctor}'s earliest open {kind_text} slot for a {reason}.",
+        "verifier": _verifier,
+        "check": '''
+if not unchanged_except("appointments", "time_slots"):
+    return False
+_, appts, added, removed, changed = diff("appointments")
+if len(added) != 1 or removed or changed:
+    return False
+appt = appts[added[0]]
+if (appt["patient_id"], appt["doctor_id"], appt["slot_id"]) != (1, P["doctor_id"], P["slot_id"]):
+    return False
+if appt["status"] != "scheduled" or appt["visit_type"] != P["kind"] or P["reason"] not in appt["reason"].lower():
+    return False
+_, slots, s_added, s_removed, s_changed = diff("time_slots")
+return not s_added and not s_removed and s_changed == [P["slot_id"]] and slots[P["slot_id"]]["status"] == "booked"
+''',
+        "solution": {"calls": [{"tool": "search_doctors", "arguments": {"name": "{doctor}"}},
+                               {"tool": "list_doctor_slots", "arguments": {"doctor_id": "{doctor_id}",
+                                                                           "status": "open",
+                                                                           "slot_type": "{kind}"}},
+                               {"tool": "book_appointment", "arguments": {"slot_id": "{slot_id}",
+                                                                          "reason": "{reason}"}}],
+                     "final_answer": "Booked Dr. {doctor}'s earliest open {kind_text} slot for a {reason}."},
+    },
+]

@@ -784,3 +784,117 @@ PROBES = [
     _call("place_order", address_id=2, delivery_slot="Sun 08:00-10:00"),
     _call("get_cart"),
 ]
+
+# Task families (awm.scenarios.families): the practice set's parameterised tasks, one instance per slot row.
+# Their check() bodies return the verdict dict, like the hand-written tasks' above.
+_ACTIVE_PRODUCTS = ("SELECT id AS product_id, name, brand, printf('%.2f', price) AS price FROM products "
+                    "WHERE is_active = 1")
+_MY_CART_LINES = ("SELECT c.id AS item_id, p.id AS product_id, p.name, c.quantity + 2 AS qty FROM cart_items c "
+                  "JOIN products p ON p.id = c.product_id WHERE c.user_id = 1 ORDER BY c.id")
+_INFO_CHECK = '''
+if not unchanged(*all_tables):
+    return {"result": "others"}
+return {"result": "complete" if %s else "others"}
+'''
+# after the expected cart of user 1 is computed: the cart matches and nothing else changed
+_CART_CHECK_TAIL = '''
+if cart(final_db_path) != expected or other_carts(initial_db_path) != other_carts(final_db_path):
+    return {"result": "others"}
+if not unchanged("users", "categories", "products", "addresses", "coupons", "orders", "order_items"):
+    return {"result": "others"}
+return {"result": "complete"}
+'''
+FAMILIES = [
+    {
+        "family": "product_price",
+        "task_type": "info_seeking",
+        "slots": _ACTIVE_PRODUCTS + " ORDER BY id",
+        "limit": 10,
+        "task": "What is the current price of '{name}'?",
+        "verifier": _verifier,
+        "check": _INFO_CHECK % 'has_number(P["price"])',
+        "solution": {"calls": [_call("search_products", query="{name}")],
+                     "final_answer": "'{name}' currently costs ${price}."},
+    },
+    {
+        "family": "product_brand",
+        "task_type": "info_seeking",
+        "slots": _ACTIVE_PRODUCTS + " ORDER BY name, id",
+        "limit": 8,
+        "task": "Which brand makes the '{name}' sold in the shop?",
+        "verifier": _verifier,
+        "check": _INFO_CHECK % 'P["brand"].lower() in answer()',
+        "solution": {"calls": [_call("search_products", query="{name}")],
+                     "final_answer": "'{name}' is made by {brand}."},
+    },
+    {
+        "family": "category_cheapest",
+        "task_type": "info_seeking",
+        "slots": "SELECT c.id AS category_id, c.name AS category, p.name AS product, printf('%.2f', p.price) AS price "
+                 "FROM categories c JOIN products p ON p.id = (SELECT id FROM products WHERE category_id = c.id "
+                 "AND is_active = 1 ORDER BY price, id LIMIT 1) ORDER BY c.id",
+        "task": "What is the cheapest product currently sold in the '{category}' category?",
+        "verifier": _verifier,
+        "check": _INFO_CHECK % 'P["product"].lower() in answer()',
+        "solution": {"calls": [_call("list_categories"), _call("search_products", category_id="{category_id}")],
+                     "final_answer": "The cheapest product in {category} is {product} at ${price}."},
+    },
+    {
+        "family": "order_total_by_slot",
+        "task_type": "info_seeking",
+        "slots": "SELECT id AS order_id, delivery_slot AS slot, printf('%.2f', total) AS total FROM orders "
+                 "WHERE user_id = 1 ORDER BY id",
+        "task": "What was the total of my order for the '{slot}' delivery slot?",
+        "verifier": _verifier,
+        "check": _INFO_CHECK % 'has_number(P["total"])',
+        "solution": {"calls": [_call("list_orders")],
+                     "final_answer": "Your order for the {slot} delivery slot came to ${total}."},
+    },
+    {
+        "family": "add_to_cart",
+        "task_type": "state_mutating",
+        # products on sale that are not in my cart yet, each with a quantity of 1 to 3
+        "slots": "SELECT p.id AS product_id, p.name, 1 + p.id % 3 AS qty FROM products p WHERE p.is_active = 1 "
+                 "AND NOT EXISTS (SELECT 1 FROM cart_items c WHERE c.user_id = 1 AND c.product_id = p.id) "
+                 "ORDER BY p.id",
+        "limit": 10,
+        "task": "Put {qty} of '{name}' into my cart.",
+        "verifier": _verifier,
+        "check": '''
+expected = cart(initial_db_path)
+expected[P["product_id"]] = expected.get(P["product_id"], 0) + P["qty"]
+''' + _CART_CHECK_TAIL,
+        "solution": {"calls": [_call("search_products", query="{name}"),
+                               _call("add_to_cart", product_id="{product_id}", quantity="{qty}")],
+                     "final_answer": "Added {qty} x {name} to your cart."},
+    },
+    {
+        "family": "set_cart_quantity",
+        "task_type": "state_mutating",
+        "slots": _MY_CART_LINES,
+        "task": "Set the '{name}' line in my cart to a quantity of {qty}.",
+        "verifier": _verifier,
+        "check": '''
+expected = cart(initial_db_path)
+if P["product_id"] not in expected:
+    return {"result": "others"}
+expected[P["product_id"]] = P["qty"]
+''' + _CART_CHECK_TAIL,
+        "solution": {"calls": [_call("get_cart"), _call("update_cart_item", item_id="{item_id}", quantity="{qty}")],
+                     "final_answer": "Your cart now has {qty} x {name}."},
+    },
+    {
+        "family": "remove_from_cart",
+        "task_type": "state_mutating",
+        "slots": _MY_CART_LINES,
+        "task": "Take '{name}' out of my cart.",
+        "verifier": _verifier,
+        "check": '''
+expected = cart(initial_db_path)
+if expected.pop(P["product_id"], None) is None:
+    return {"result": "others"}
+''' + _CART_CHECK_TAIL,
+        "solution": {"calls": [_call("get_cart"), _call("remove_cart_item", item_id="{item_id}")],
+                     "final_answer": "Removed {name} from your cart."},
+    },
+]

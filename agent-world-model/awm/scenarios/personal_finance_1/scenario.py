@@ -3,6 +3,7 @@
 from functools import partial
 
 from awm.scenarios.verifier_kit import (
+    ANSWER_TEXT,
     DIFF_ROWS,
     MENTIONS_AMOUNT,
     NUMBERS,
@@ -631,4 +632,148 @@ PROBES = [
     _call("list_transfers", status="reversed"),
     _call("list_budgets", category="Dining"),
     _call("list_account_transactions", account_id=6),
+]
+
+# ---------------------------------------------------------------------------
+# task families (awm.scenarios.families): parameterised tasks, one instance per slot row
+# ---------------------------------------------------------------------------
+
+# The hand-written tasks' helpers plus answer_text() (the final answer lower-cased, <think> blocks dropped).
+_family_verifier = partial(verifier, prelude(
+    '''tables = ["users", "accounts", "payees", "transfers", "transactions", "budgets", "scheduled_payments"]''',
+    TABLE_BY_ID, DIFF_ROWS, UNCHANGED_BY_DIFF, SAME_MONEY, NUMBERS, MENTIONS_AMOUNT, ONLY_CHANGED, ANSWER_TEXT))
+
+_PAYEE_SLOTS = "SELECT name, category, account_number FROM payees WHERE user_id = 1 ORDER BY id"
+
+FAMILIES = [
+    {
+        "family": "account_balance",
+        "task_type": "info_seeking",
+        "slots": "SELECT name, status, balance FROM accounts WHERE user_id = 1 ORDER BY id",
+        "task": "What is the current balance of my '{name}' account?",
+        "verifier": _family_verifier,
+        # a credit balance is negative (money owed): the answer may state it without the sign
+        "check": 'return unchanged(*tables) and mentions_amount(answer_text(), abs(P["balance"]))',
+        "solution": {"calls": [{"tool": "list_accounts", "arguments": {"include_closed": True}}],
+                     "final_answer": "The balance of your '{name}' account ({status}) is ${balance:.2f}."},
+    },
+    {
+        "family": "payee_customer_number",
+        "task_type": "info_seeking",
+        "slots": _PAYEE_SLOTS,
+        "task": "What customer number do I have on file for my saved payee '{name}'?",
+        "verifier": _family_verifier,
+        "check": 'return unchanged(*tables) and P["account_number"].lower() in answer_text()',
+        "solution": {"calls": [{"tool": "search_payees", "arguments": {"name": "{name}"}}],
+                     "final_answer": "Your customer number with {name} is {account_number}."},
+    },
+    {
+        "family": "payee_default_category",
+        "task_type": "info_seeking",
+        "slots": _PAYEE_SLOTS,
+        "task": "Which spending category is my saved payee '{name}' assigned to by default?",
+        "verifier": _family_verifier,
+        "check": 'return unchanged(*tables) and P["category"].lower() in answer_text()',
+        "solution": {"calls": [{"tool": "search_payees", "arguments": {"name": "{name}"}}],
+                     "final_answer": "Payments to {name} are categorized as {category} by default."},
+    },
+    {
+        "family": "budget_monthly_limit",
+        "task_type": "info_seeking",
+        "slots": "SELECT category, monthly_limit FROM budgets WHERE user_id = 1 ORDER BY id",
+        "task": "How much is the monthly limit of my '{category}' budget?",
+        "verifier": _family_verifier,
+        "check": 'return unchanged(*tables) and mentions_amount(answer_text(), P["monthly_limit"])',
+        "solution": {"calls": [{"tool": "list_budgets", "arguments": {"category": "{category}"}}],
+                     "final_answer": "Your {category} budget has a monthly limit of ${monthly_limit:.2f}."},
+    },
+    {
+        "family": "transfer_between_accounts",
+        "task_type": "state_mutating",
+        # every ordered pair of open accounts whose source can send money (not the card); the amount
+        # (50 x the sum of the two ids) stays below every source balance
+        "slots": "SELECT a.id AS from_id, a.name AS from_name, b.id AS to_id, b.name AS to_name, "
+                 "50 * (a.id + b.id) AS amount FROM accounts a JOIN accounts b ON b.id <> a.id "
+                 "WHERE a.user_id = 1 AND b.user_id = 1 AND a.status = 'open' AND b.status = 'open' "
+                 "AND a.account_type <> 'credit' ORDER BY a.id, b.id",
+        "task": "Transfer ${amount} from my '{from_name}' account to my '{to_name}'.",
+        "verifier": _family_verifier,
+        "check": '''
+added, removed, changed = diff("transfers")
+if removed or changed or len(added) != 1:
+    return False
+tr = added[0]
+if (tr["user_id"] != 1 or tr["from_account_id"] != P["from_id"] or tr["to_account_id"] != P["to_id"]
+        or tr["status"] != "completed" or not same_money(tr["amount"], P["amount"])):
+    return False
+a_added, a_removed, a_changed = diff("accounts")
+if a_added or a_removed or set(a_changed) != {P["from_id"], P["to_id"]}:
+    return False
+for acct_id, delta in ((P["from_id"], -P["amount"]), (P["to_id"], P["amount"])):
+    before, after = a_changed[acct_id]
+    if not same_money(after["balance"] - before["balance"], delta) or not only_changed(before, after, {"balance"}):
+        return False
+t_added, t_removed, t_changed = diff("transactions")
+if t_removed or t_changed or len(t_added) != 2:
+    return False
+legs = sorted((t["account_id"], round(t["amount"], 2)) for t in t_added if t["transfer_id"] == tr["id"])
+if legs != sorted([(P["from_id"], -float(P["amount"])), (P["to_id"], float(P["amount"]))]):
+    return False
+return unchanged("users", "payees", "budgets", "scheduled_payments")
+''',
+        "solution": {"calls": [{"tool": "list_accounts", "arguments": {}},
+                               {"tool": "create_transfer", "arguments": {"from_account_id": "{from_id}",
+                                                                         "to_account_id": "{to_id}",
+                                                                         "amount": "{amount}"}}],
+                     "final_answer": "Done: ${amount} moved from {from_name} to {to_name}."},
+    },
+    {
+        "family": "mark_charge_reimbursable",
+        "task_type": "state_mutating",
+        # the user's purchases and bills (not transfer legs), each named by amount, description and account
+        "slots": "SELECT t.id AS txn_id, printf('%.2f', -t.amount) AS amount, t.description, a.id AS account_id, "
+                 "a.name AS account FROM transactions t JOIN accounts a ON a.id = t.account_id "
+                 "WHERE a.user_id = 1 AND t.amount < 0 AND t.transfer_id IS NULL ORDER BY t.id",
+        "task": "My employer is paying me back for the ${amount} '{description}' charge on my '{account}'; "
+                "change that transaction's category to 'Reimbursable'.",
+        "verifier": _family_verifier,
+        "check": '''
+added, removed, changed = diff("transactions")
+if added or removed or set(changed) != {P["txn_id"]}:
+    return False
+before, after = changed[P["txn_id"]]
+if (after["category"] or "").strip().lower() != "reimbursable" or not only_changed(before, after, {"category"}):
+    return False
+return unchanged("users", "accounts", "payees", "transfers", "budgets", "scheduled_payments")
+''',
+        "solution": {"calls": [{"tool": "list_accounts", "arguments": {}},
+                               {"tool": "list_account_transactions", "arguments": {"account_id": "{account_id}",
+                                                                                   "search": "{description}"}},
+                               {"tool": "update_transaction_category", "arguments": {"transaction_id": "{txn_id}",
+                                                                                     "category": "Reimbursable"}}],
+                     "final_answer": "The ${amount} '{description}' charge on {account} is now categorized as "
+                                     "Reimbursable."},
+    },
+    {
+        "family": "raise_budget_limit",
+        "task_type": "state_mutating",
+        "slots": "SELECT id AS budget_id, category, CAST(monthly_limit AS INTEGER) + 50 AS new_limit FROM budgets "
+                 "WHERE user_id = 1 ORDER BY id",
+        "task": "Raise the monthly limit of my '{category}' budget to ${new_limit}, keeping its alert threshold as it is.",
+        "verifier": _family_verifier,
+        "check": '''
+added, removed, changed = diff("budgets")
+if added or removed or set(changed) != {P["budget_id"]}:
+    return False
+before, after = changed[P["budget_id"]]
+if not same_money(after["monthly_limit"], P["new_limit"]) or not only_changed(before, after, {"monthly_limit"}):
+    return False
+return unchanged("users", "accounts", "payees", "transfers", "transactions", "scheduled_payments")
+''',
+        "solution": {"calls": [{"tool": "list_budgets", "arguments": {"category": "{category}"}},
+                               {"tool": "update_budget", "arguments": {"budget_id": "{budget_id}",
+                                                                       "monthly_limit": "{new_limit}"}}],
+                     "final_answer": "Your {category} budget's monthly limit is now ${new_limit}; its alert "
+                                     "threshold is unchanged."},
+    },
 ]

@@ -819,3 +819,189 @@ PROBES = [
     _call("delete_comment", comment_id=7),
     _call("list_issue_comments", issue_id=1),
 ]
+
+# Task families (awm.scenarios.families): the practice set's parameterised tasks, one instance per slot row.
+# Issues are named by title and project; the one title filed twice ('Nightly export job times out') is left out
+# so that every title names exactly one issue.
+_ISSUE_SLOTS = (
+    "SELECT i.id AS issue_id, i.title, p.id AS project_id, p.name AS project, i.status, "
+    "REPLACE(i.status, '_', ' ') AS status_text, i.priority, i.assignee_id, a.full_name AS assignee, "
+    "r.full_name AS reporter FROM issues i JOIN projects p ON p.id = i.project_id "
+    "JOIN users r ON r.id = i.reporter_id LEFT JOIN users a ON a.id = i.assignee_id "
+    "WHERE (SELECT COUNT(*) FROM issues d WHERE d.title = i.title) = 1"
+)
+
+# A check's opening: the final answer without the issue's own title (so its words never count as a value).
+_ANSWER_WITHOUT_TITLE = 'text = answer().replace(P["title"].lower(), " ")\n'
+
+# A person question's check: the DB untouched and the answer naming that person and no other user.
+_ONE_PERSON = '''
+def _one_person(expected):
+    if not unchanged(*all_tables):
+        return {"result": "others"}
+    text = answer()
+    names = {r[0].lower() for r in rows(initial_db_path, "SELECT full_name FROM users")}
+    if expected.lower() not in text or any(n in text for n in names - {expected.lower()}):
+        return {"result": "others"}
+    return {"result": "complete"}
+'''
+
+# A state-mutating check's ending: every table but issues and issue_labels is as it was.
+_OTHERS_UNCHANGED = '''
+if not unchanged("users", "projects", "project_members", "labels", "comments"):
+    return {"result": "others"}
+return {"result": "complete"}
+'''
+
+FAMILIES = [
+    {
+        "family": "issue_priority",
+        "task_type": "info_seeking",
+        "slots": _ISSUE_SLOTS + " ORDER BY i.id",
+        "limit": 9,
+        "task": "What priority does the issue '{title}' in the '{project}' project have?",
+        "verifier": _verifier,
+        "check": _ANSWER_WITHOUT_TITLE + '''
+if not unchanged(*all_tables):
+    return {"result": "others"}
+if not re.search(rf"\\b{P['priority']}\\b", text):
+    return {"result": "others"}
+others = {"low", "medium", "high", "critical"} - {P["priority"]}
+if any(re.search(rf"\\b{w}\\b", text) for w in others):
+    return {"result": "others"}
+return {"result": "complete"}
+''',
+        "solution": {"calls": [{"tool": "search_issues", "arguments": {"query": "{title}"}}],
+                     "final_answer": "The issue '{title}' has {priority} priority."},
+    },
+    {
+        "family": "issue_status",
+        "task_type": "info_seeking",
+        "slots": _ISSUE_SLOTS + " ORDER BY i.id DESC",
+        "limit": 9,
+        "task": "What is the current status of '{title}' in the '{project}' project?",
+        "verifier": _verifier,
+        "check": _ANSWER_WITHOUT_TITLE + '''
+if not unchanged(*all_tables):
+    return {"result": "others"}
+text = re.sub(r"in[ _-]progress", "in_progress", text)
+words = {"open", "in_progress", "resolved", "closed"}
+if not re.search(rf"\\b{P['status']}\\b", text):
+    return {"result": "others"}
+if any(re.search(rf"\\b{w}\\b", text) for w in words - {P["status"]}):
+    return {"result": "others"}
+return {"result": "complete"}
+''',
+        "solution": {"calls": [{"tool": "search_issues", "arguments": {"query": "{title}"}}],
+                     "final_answer": "'{title}' is currently {status_text}."},
+    },
+    {
+        "family": "issue_assignee",
+        "task_type": "info_seeking",
+        # issue 1 is the hand-written assignee question
+        "slots": _ISSUE_SLOTS + " AND i.assignee_id IS NOT NULL AND i.id <> 1 ORDER BY i.id DESC",
+        "limit": 8,
+        "task": "Which team member is '{title}' in the '{project}' project assigned to? Give their full name.",
+        "verifier": _verifier,
+        "check": _ONE_PERSON + 'return _one_person(P["assignee"])\n',
+        "solution": {"calls": [{"tool": "search_issues", "arguments": {"query": "{title}"}},
+                               {"tool": "get_issue", "arguments": {"issue_id": "{issue_id}"}}],
+                     "final_answer": "'{title}' is assigned to {assignee}."},
+    },
+    {
+        "family": "issue_reporter",
+        "task_type": "info_seeking",
+        "slots": _ISSUE_SLOTS + " ORDER BY i.id",
+        "limit": 8,
+        "task": "Who reported the issue '{title}' in the '{project}' project? Answer with the person's full name.",
+        "verifier": _verifier,
+        "check": _ONE_PERSON + 'return _one_person(P["reporter"])\n',
+        "solution": {"calls": [{"tool": "search_issues", "arguments": {"query": "{title}"}},
+                               {"tool": "get_issue", "arguments": {"issue_id": "{issue_id}"}}],
+                     "final_answer": "'{title}' was reported by {reporter}."},
+    },
+    {
+        "family": "set_priority",
+        "task_type": "state_mutating",
+        # open or in-progress issues with odd ids (a spread over the projects), each moved one priority step
+        # (critical ones down to high)
+        "slots": "SELECT s.*, CASE s.priority WHEN 'low' THEN 'medium' WHEN 'medium' THEN 'high' "
+                 "WHEN 'high' THEN 'critical' ELSE 'high' END AS new_priority FROM (" + _ISSUE_SLOTS +
+                 " AND i.status IN ('open', 'in_progress') AND i.id % 2 = 1) s ORDER BY s.issue_id",
+        "limit": 6,
+        "task": "Set the priority of the issue '{title}' in the '{project}' project to {new_priority}.",
+        "verifier": _verifier,
+        "check": '''
+before, after = issues(initial_db_path), issues(final_db_path)
+if set(before) != set(after) or before[P["issue_id"]][5] != P["priority"]:
+    return {"result": "others"}
+for k, row in before.items():
+    expected = row[:5] + (P["new_priority"],) + row[6:] if k == P["issue_id"] else row
+    if after[k] != expected:
+        return {"result": "others"}
+if links(initial_db_path) != links(final_db_path):
+    return {"result": "others"}
+''' + _OTHERS_UNCHANGED,
+        "solution": {"calls": [{"tool": "search_issues", "arguments": {"query": "{title}"}},
+                               {"tool": "update_issue", "arguments": {"issue_id": "{issue_id}",
+                                                                      "priority": "{new_priority}"}}],
+                     "final_answer": "The priority of '{title}' is now {new_priority}."},
+    },
+    {
+        "family": "reassign_issue",
+        "task_type": "state_mutating",
+        # open or in-progress issues, each handed to the teammate (not the signed-in user 1) with the lowest
+        # user id among the project's members who does not hold it yet
+        "slots": "SELECT s.*, u.id AS user_id, u.full_name AS person FROM (" + _ISSUE_SLOTS +
+                 " AND i.status IN ('open', 'in_progress')) s JOIN users u ON u.id = (SELECT MIN(m.user_id) "
+                 "FROM project_members m WHERE m.project_id = s.project_id AND m.user_id <> 1 "
+                 "AND m.user_id <> COALESCE(s.assignee_id, 0)) ORDER BY s.issue_id DESC",
+        "limit": 6,
+        "task": "Make {person} the assignee of the issue '{title}' in the '{project}' project.",
+        "verifier": _verifier,
+        "check": '''
+before, after = issues(initial_db_path), issues(final_db_path)
+if set(before) != set(after) or before[P["issue_id"]][7] == P["user_id"]:
+    return {"result": "others"}
+for k, row in before.items():
+    expected = row[:7] + (P["user_id"],) + row[8:] if k == P["issue_id"] else row
+    if after[k] != expected:
+        return {"result": "others"}
+if links(initial_db_path) != links(final_db_path):
+    return {"result": "others"}
+''' + _OTHERS_UNCHANGED,
+        "solution": {"calls": [{"tool": "search_issues", "arguments": {"query": "{title}"}},
+                               {"tool": "get_project", "arguments": {"project_id": "{project_id}"}},
+                               {"tool": "assign_issue", "arguments": {"issue_id": "{issue_id}",
+                                                                      "assignee_id": "{user_id}"}}],
+                     "final_answer": "'{title}' is now assigned to {person}."},
+    },
+    {
+        "family": "add_label",
+        "task_type": "state_mutating",
+        # open or in-progress issues, each with the newest label of its project it does not carry yet (no 'ios'
+        # label on an Android issue), taken round-robin over the projects
+        "slots": "SELECT s.*, l.id AS label_id, l.name AS label FROM (" + _ISSUE_SLOTS +
+                 " AND i.status IN ('open', 'in_progress')) s JOIN labels l ON l.id = (SELECT MAX(x.id) "
+                 "FROM labels x WHERE x.project_id = s.project_id AND NOT EXISTS (SELECT 1 FROM issue_labels il "
+                 "WHERE il.issue_id = s.issue_id AND il.label_id = x.id)) "
+                 "WHERE NOT (l.name = 'ios' AND s.title LIKE '%Android%') "
+                 "ORDER BY ROW_NUMBER() OVER (PARTITION BY s.project_id ORDER BY s.issue_id), s.project_id",
+        "limit": 7,
+        "task": "Put the '{label}' label on the issue '{title}' in the '{project}' project.",
+        "verifier": _verifier,
+        "check": '''
+before, after = links(initial_db_path), links(final_db_path)
+pair = (P["issue_id"], P["label_id"])
+if pair in before or after != before | {pair}:
+    return {"result": "others"}
+if issues(initial_db_path) != issues(final_db_path):
+    return {"result": "others"}
+''' + _OTHERS_UNCHANGED,
+        "solution": {"calls": [{"tool": "search_issues", "arguments": {"query": "{title}"}},
+                               {"tool": "list_project_labels", "arguments": {"project_id": "{project_id}"}},
+                               {"tool": "add_label_to_issue", "arguments": {"issue_id": "{issue_id}",
+                                                                            "label_id": "{label_id}"}}],
+                     "final_answer": "Added the '{label}' label to '{title}'."},
+    },
+]

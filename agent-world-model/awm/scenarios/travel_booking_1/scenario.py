@@ -3,9 +3,12 @@
 from functools import partial
 
 from awm.scenarios.verifier_kit import (
+    ANSWER_TEXT,
     DIFF_ROWS,
+    MENTIONS_AMOUNT,
     NUMBERS,
     ONLY_CHANGED,
+    SAME_MONEY,
     TABLE_BY_ID,
     UNCHANGED_BY_DIFF,
     prelude,
@@ -632,4 +635,211 @@ PROBES = [
     _call("update_hotel_reservation", reservation_id=5, nights=2),
     _call("cancel_booking", booking_id=5),
     _call("create_traveler", first_name="Maya", last_name="Chen", date_of_birth="2012-06-30"),
+]
+
+# ---------------------------------------------------------------------------
+# task families (awm.scenarios.families): parameterised tasks, one instance per slot row.
+# New bookings get random confirmation codes: no check below looks at one.
+# ---------------------------------------------------------------------------
+
+# The hand-written tasks' helpers plus money comparisons and answer_text() (the final answer lower-cased).
+_family_verifier = partial(verifier, prelude(
+    '''tables = ["users", "travelers", "flights", "seats", "loyalty_accounts", "bookings",
+          "booking_passengers", "hotel_reservations"]''',
+    TABLE_BY_ID, DIFF_ROWS, UNCHANGED_BY_DIFF, NUMBERS, ONLY_CHANGED, SAME_MONEY, MENTIONS_AMOUNT, ANSWER_TEXT))
+
+# `held`: the seats a confirmed booking holds; `free`: each flight's free economy seats numbered k = 1..n
+# (highest id first), so that the passengers of one booking are spread over different free seats.
+_FREE_SEATS_CTE = (
+    "WITH held AS (SELECT bp.seat_id FROM booking_passengers bp JOIN bookings b ON b.id = bp.booking_id "
+    "WHERE b.status = 'confirmed' AND bp.seat_id IS NOT NULL), "
+    "free AS (SELECT s.id, s.flight_id, s.seat_number, s.extra_fee, "
+    "ROW_NUMBER() OVER (PARTITION BY s.flight_id ORDER BY s.id DESC) AS k, "
+    "COUNT(*) OVER (PARTITION BY s.flight_id) AS n "
+    "FROM seats s WHERE s.cabin = 'economy' AND s.id NOT IN (SELECT seat_id FROM held)) "
+)
+
+FAMILIES = [
+    {
+        "family": "flight_base_fare",
+        "task_type": "info_seeking",
+        "slots": "SELECT flight_number, origin, destination, status, base_fare, printf('%.2f', base_fare) AS fare_text "
+                 "FROM flights ORDER BY id",
+        "task": "What is the base fare per passenger on flight {flight_number} from {origin} to {destination}?",
+        "verifier": _family_verifier,
+        "check": 'return unchanged(*tables) and mentions_amount(answer_text(), P["base_fare"])',
+        "solution": {"calls": [{"tool": "search_flights", "arguments": {"flight_number": "{flight_number}",
+                                                                       "include_cancelled": True}}],
+                     "final_answer": "The base fare on {flight_number} ({origin} to {destination}, {status}) is "
+                                     "${fare_text} per passenger."},
+    },
+    {
+        "family": "seat_ticket_price",
+        "task_type": "info_seeking",
+        # free seats that carry a fee, on the flights that can still be booked
+        "slots": _FREE_SEATS_CTE + "SELECT s.seat_number AS seat, f.id AS flight_id, f.flight_number, "
+                 "ROUND(f.base_fare + s.extra_fee, 2) AS price, printf('%.2f', f.base_fare + s.extra_fee) AS price_text, "
+                 "printf('%.2f', f.base_fare) AS fare_text, printf('%.2f', s.extra_fee) AS fee_text "
+                 "FROM seats s JOIN flights f ON f.id = s.flight_id WHERE f.status <> 'cancelled' "
+                 "AND s.extra_fee > 0 AND s.id NOT IN (SELECT seat_id FROM held) ORDER BY s.id",
+        "limit": 12,
+        "task": "What would one ticket on flight {flight_number} in seat {seat} cost in total, base fare plus the "
+                "seat selection fee?",
+        "verifier": _family_verifier,
+        "check": 'return unchanged(*tables) and mentions_amount(answer_text(), P["price"])',
+        "solution": {"calls": [{"tool": "search_flights", "arguments": {"flight_number": "{flight_number}"}},
+                               {"tool": "get_flight_seats", "arguments": {"flight_id": "{flight_id}"}}],
+                     "final_answer": "A ticket on {flight_number} in seat {seat} costs ${price_text} in total "
+                                     "(fare ${fare_text} plus seat fee ${fee_text})."},
+    },
+    {
+        "family": "passenger_seat",
+        "task_type": "info_seeking",
+        "slots": "SELECT b.confirmation_code AS code, t.first_name || ' ' || t.last_name AS traveler, "
+                 "s.seat_number AS seat FROM booking_passengers bp JOIN bookings b ON b.id = bp.booking_id "
+                 "JOIN travelers t ON t.id = bp.traveler_id JOIN seats s ON s.id = bp.seat_id "
+                 "WHERE b.user_id = 1 AND b.status = 'confirmed' ORDER BY bp.id",
+        "task": "What seat number does {traveler} have on my booking '{code}'?",
+        "verifier": _family_verifier,
+        "check": '''
+seat = P["seat"].lower()
+if not re.search(r"\\b" + re.escape(seat[:-1]) + r"\\s*" + re.escape(seat[-1]) + r"\\b", answer_text()):
+    return False
+return unchanged(*tables)
+''',
+        "solution": {"calls": [{"tool": "list_bookings", "arguments": {"confirmation_code": "{code}"}}],
+                     "final_answer": "{traveler} is in seat {seat} on booking {code}."},
+    },
+    {
+        "family": "booking_total_price",
+        "task_type": "info_seeking",
+        "slots": "SELECT confirmation_code AS code, status, total_price, printf('%.2f', total_price) AS total_text "
+                 "FROM bookings WHERE user_id = 1 ORDER BY id",
+        "task": "What is the total price recorded on my booking '{code}'?",
+        "verifier": _family_verifier,
+        "check": 'return unchanged(*tables) and mentions_amount(answer_text(), P["total_price"])',
+        "solution": {"calls": [{"tool": "list_bookings", "arguments": {"confirmation_code": "{code}"}}],
+                     "final_answer": "Booking {code} ({status}) has a total price of ${total_text}."},
+    },
+    {
+        "family": "book_flight_seat",
+        "task_type": "state_mutating",
+        # free seats on bookable flights, each paired with one of the user's travelers (a diagonal walk)
+        # who is not already booked on that flight
+        "slots": _FREE_SEATS_CTE + "SELECT f.id AS flight_id, f.flight_number, f.origin, f.destination, "
+                 "s.seat_number AS seat, s.id AS seat_id, t.id AS traveler_id, "
+                 "t.first_name || ' ' || t.last_name AS traveler, ROUND(f.base_fare + s.extra_fee, 2) AS price "
+                 "FROM seats s JOIN flights f ON f.id = s.flight_id "
+                 "JOIN travelers t ON t.user_id = 1 AND t.id = 1 + (s.id + s.flight_id) % 3 "
+                 "WHERE f.status <> 'cancelled' AND s.id NOT IN (SELECT seat_id FROM held) "
+                 "AND NOT EXISTS (SELECT 1 FROM booking_passengers bp JOIN bookings b ON b.id = bp.booking_id "
+                 "WHERE b.status = 'confirmed' AND b.flight_id = f.id AND bp.traveler_id = t.id) ORDER BY s.id",
+        "task": "Please book {traveler} onto flight {flight_number} from {origin} to {destination}, in seat {seat}.",
+        "verifier": _family_verifier,
+        "check": '''
+b_added, b_removed, b_changed = diff("bookings")
+if b_removed or b_changed or len(b_added) != 1:
+    return False
+bk = b_added[0]
+if (bk["user_id"] != 1 or bk["flight_id"] != P["flight_id"] or bk["status"] != "confirmed"
+        or not same_money(bk["total_price"], P["price"])):
+    return False
+p_added, p_removed, p_changed = diff("booking_passengers")
+if p_removed or p_changed or len(p_added) != 1:
+    return False
+bp = p_added[0]
+if bp["booking_id"] != bk["id"] or bp["traveler_id"] != P["traveler_id"] or bp["seat_id"] != P["seat_id"]:
+    return False
+return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "hotel_reservations")
+''',
+        "solution": {"calls": [{"tool": "list_travelers", "arguments": {"name": "{traveler}"}},
+                               {"tool": "search_flights", "arguments": {"flight_number": "{flight_number}"}},
+                               {"tool": "get_flight_seats", "arguments": {"flight_id": "{flight_id}",
+                                                                         "available_only": True}},
+                               {"tool": "create_booking", "arguments": {"flight_id": "{flight_id}",
+                                                                       "traveler_id": "{traveler_id}",
+                                                                       "seat_number": "{seat}"}}],
+                     "final_answer": "{traveler} is booked on {flight_number} ({origin} to {destination}) in seat "
+                                     "{seat}."},
+    },
+    {
+        "family": "change_passenger_seat",
+        "task_type": "state_mutating",
+        # each passenger of the user's confirmed bookings, moved to a free economy seat of the same flight
+        "slots": _FREE_SEATS_CTE + ", pax AS (SELECT bp.id AS bp_id, b.id AS booking_id, b.confirmation_code AS code, "
+                 "b.flight_id, b.total_price, bp.traveler_id, bp.seat_id AS old_seat_id, "
+                 "ROW_NUMBER() OVER (PARTITION BY b.id ORDER BY bp.id) AS k FROM booking_passengers bp "
+                 "JOIN bookings b ON b.id = bp.booking_id WHERE b.user_id = 1 AND b.status = 'confirmed') "
+                 "SELECT p.bp_id, p.booking_id, p.code, p.traveler_id, t.first_name || ' ' || t.last_name AS traveler, "
+                 "fr.id AS seat_id, fr.seat_number AS seat, "
+                 "ROUND(p.total_price - old.extra_fee + fr.extra_fee, 2) AS new_total FROM pax p "
+                 "JOIN travelers t ON t.id = p.traveler_id JOIN seats old ON old.id = p.old_seat_id "
+                 "JOIN free fr ON fr.flight_id = p.flight_id AND fr.k = (p.k - 1) % fr.n + 1 ORDER BY p.bp_id",
+        "task": "On my booking '{code}', please move {traveler} to seat {seat}.",
+        "verifier": _family_verifier,
+        "check": '''
+p_added, p_removed, p_changed = diff("booking_passengers")
+if p_added or p_removed or set(p_changed) != {P["bp_id"]}:
+    return False
+before, after = p_changed[P["bp_id"]]
+if after["seat_id"] != P["seat_id"] or not only_changed(before, after, {"seat_id"}):
+    return False
+b_added, b_removed, b_changed = diff("bookings")
+if b_added or b_removed or set(b_changed) - {P["booking_id"]}:
+    return False
+for b_before, b_after in b_changed.values():
+    if not only_changed(b_before, b_after, {"total_price"}):
+        return False
+final = table(final_db_path, "bookings")
+if not same_money(final[P["booking_id"]]["total_price"], P["new_total"]):
+    return False
+return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "hotel_reservations")
+''',
+        "solution": {"calls": [{"tool": "list_bookings", "arguments": {"confirmation_code": "{code}"}},
+                               {"tool": "assign_seat", "arguments": {"booking_id": "{booking_id}",
+                                                                    "traveler_id": "{traveler_id}",
+                                                                    "seat_number": "{seat}"}}],
+                     "final_answer": "{traveler} now sits in seat {seat} on booking {code}."},
+    },
+    {
+        "family": "add_passenger_to_booking",
+        "task_type": "state_mutating",
+        # each saved traveler not yet on one of the user's confirmed bookings, with a free economy seat there
+        "slots": _FREE_SEATS_CTE + ", cand AS (SELECT b.id AS booking_id, b.confirmation_code AS code, b.flight_id, "
+                 "b.total_price, t.id AS traveler_id, t.first_name || ' ' || t.last_name AS traveler, "
+                 "ROW_NUMBER() OVER (PARTITION BY b.id ORDER BY t.id) AS k FROM bookings b "
+                 "JOIN travelers t ON t.user_id = b.user_id WHERE b.user_id = 1 AND b.status = 'confirmed' "
+                 "AND NOT EXISTS (SELECT 1 FROM booking_passengers bp WHERE bp.booking_id = b.id "
+                 "AND bp.traveler_id = t.id)) "
+                 "SELECT c.booking_id, c.code, c.flight_id, f.flight_number, c.traveler_id, c.traveler, fr.id AS seat_id, "
+                 "fr.seat_number AS seat, ROUND(c.total_price + f.base_fare + fr.extra_fee, 2) AS new_total "
+                 "FROM cand c JOIN flights f ON f.id = c.flight_id "
+                 "JOIN free fr ON fr.flight_id = c.flight_id AND fr.k = (c.k - 1) % fr.n + 1 "
+                 "ORDER BY c.booking_id, c.traveler_id",
+        "task": "Add {traveler} to my booking '{code}' on flight {flight_number} with seat {seat}.",
+        "verifier": _family_verifier,
+        "check": '''
+p_added, p_removed, p_changed = diff("booking_passengers")
+if p_removed or p_changed or len(p_added) != 1:
+    return False
+bp = p_added[0]
+if bp["booking_id"] != P["booking_id"] or bp["traveler_id"] != P["traveler_id"] or bp["seat_id"] != P["seat_id"]:
+    return False
+b_added, b_removed, b_changed = diff("bookings")
+if b_added or b_removed or set(b_changed) != {P["booking_id"]}:
+    return False
+before, after = b_changed[P["booking_id"]]
+if not same_money(after["total_price"], P["new_total"]) or not only_changed(before, after, {"total_price"}):
+    return False
+return unchanged("users", "travelers", "flights", "seats", "loyalty_accounts", "hotel_reservations")
+''',
+        "solution": {"calls": [{"tool": "list_travelers", "arguments": {"name": "{traveler}"}},
+                               {"tool": "list_bookings", "arguments": {"confirmation_code": "{code}"}},
+                               {"tool": "get_flight_seats", "arguments": {"flight_id": "{flight_id}",
+                                                                         "available_only": True}},
+                               {"tool": "add_passenger_to_booking", "arguments": {"booking_id": "{booking_id}",
+                                                                                 "traveler_id": "{traveler_id}",
+                                                                                 "seat_number": "{seat}"}}],
+                     "final_answer": "{traveler} is now on booking {code} ({flight_number}) in seat {seat}."},
+    },
 ]
