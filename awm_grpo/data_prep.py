@@ -9,7 +9,8 @@ says a lot about a "held-out" task of the same scenario. Splitting scenarios kee
 bundled scenarios, where three scenarios per split would be too few to learn anything.
 
 Allocation is seeded systematic sampling: units (scenarios or tasks) are grouped by stratum (the
-task type; for a scenario its most common task type), shuffled within a stratum with `--seed`,
+task type; for a scenario its most common task type; for a practice-set family instance split by
+task, its family, so every family has training and held-out instances), shuffled within a stratum with `--seed`,
 laid end to end, and dealt one by one to the split whose share lags most behind its ratio:
 
     split(k) = argmax_s  k * ratio_s - assigned_s(k-1)      (ties -> train, then val, then test)

@@ -139,3 +139,20 @@ def test_awm1k_excerpt_read_in_place(tmp_path, capsys):
                for r in rows)
     info = json.loads((tmp_path / "b" / "split_info.json").read_text())
     assert info["stratified_by"] is None and info["counts"]["train"]["tasks"] == 2
+
+
+def test_task_split_of_the_practice_set_spreads_every_family_over_train_and_held_out(tmp_path):
+    from awm.scenarios import build
+
+    practice = tmp_path / "practice"
+    assert build.main(["--practice", str(practice)]) == 0
+    prepare(tmp_path / "splits", data_dir=practice, split_by="task", seed=42)
+    seen: dict[tuple[str, str], set[str]] = {}
+    for name in ("train", "val", "test"):
+        for line in (tmp_path / "splits" / f"{name}.jsonl").read_text().splitlines():
+            meta = json.loads(line)["metadata"]
+            if meta.get("family"):
+                seen.setdefault((meta["scenario"], meta["family"]), set()).add(name)
+    assert len(seen) >= 40
+    assert all("train" in s for s in seen.values())
+    assert sum(bool(s & {"val", "test"}) for s in seen.values()) >= 0.9 * len(seen)
