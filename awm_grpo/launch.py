@@ -86,6 +86,8 @@ def slime_command(cfg: ResolvedConfig, runtime_yaml: str | Path, extra: list[str
     fixed = ["--prompt-data", str(splits / "train.jsonl"), "--eval-prompt-data", "val", str(splits / "val.jsonl"),
              "--input-key", "text", "--metadata-key", "metadata", "--apply-chat-template", "--rollout-shuffle",
              *PLUGINS, "--custom-config-path", str(runtime_yaml)]
+    if cfg["recovery.credit_method"] is not None:  # the recovery method's per-turn credit (awm_grpo.recovery)
+        fixed += ["--custom-advantage-function-path", "awm_grpo.recovery.advantages"]
     return [sys.executable, "-m", "slime.train", *knob_flags(cfg), *fixed, *(extra or [])]
 
 

@@ -8,8 +8,11 @@ reward and learns nothing. This stage gives the embedded CPU default a non-zero 
    (list_tools, the calls, the final answer) - so the SFT tokens, chat-template deltas and real
    tool observations are exactly what the RL rollout will produce, and the verifier must say
    `complete` on each (a solution that does not verify is dropped and reported);
-2. the model is trained with masked next-token loss on the model tokens (loss mask 1 only);
-3. the result is saved as a Hugging Face folder, the recipe's `--hf-checkpoint`.
+2. on the practice set (task-family instances, `python -m awm.scenarios.build --practice`), each
+   verified episode also gets `--counterfactuals` renamed copies (awm_grpo.counterfactual): the same
+   conversation with invented names, so the model learns to copy names instead of memorising them;
+3. the model is trained with masked next-token loss on the model tokens (loss mask 1 only);
+4. the result is saved as a Hugging Face folder, the recipe's `--hf-checkpoint`.
 
     python -m awm_grpo.warmstart --data runs/awm_grpo/splits --out runs/awm_grpo/models/tiny-awm-sft
 """
@@ -30,6 +33,8 @@ import torch
 from tqdm import tqdm
 
 from awm_grpo import protocol
+from awm_grpo.chat import ChatEncoder
+from awm_grpo.counterfactual import counterfactuals
 from awm_grpo.rollout import Policy, play
 from slime.arguments import parse_args
 from slime.rollout.sglang_rollout import GenerateState
@@ -74,13 +79,20 @@ def teacher_policy(tokenizer: Any, replies: list[str]) -> Policy:
     return turn
 
 
-async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_dir: str | None) -> list[Sample]:
-    """Play every prompt's reference solution; keep the episodes the verifier accepts."""
+async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_dir: str | None,
+                  counterfactual_copies: int = 0, seed: int = 0) -> list[Sample]:
+    """Play every prompt's reference solution; keep the episodes the verifier accepts (+ renamed copies)."""
     from awm.solutions import load_solutions
 
     solutions = load_solutions(data_dir)
     tokenizer = GenerateState(args).tokenizer
-    kept, dropped = [], []
+    kept, dropped, extra, unmatched = [], [], [], 0
+    rng = random.Random(seed)
+    encoder = None
+    if counterfactual_copies:
+        if args.awm_tool_mode != "meta":
+            raise SystemExit("--counterfactuals needs --tool-mode meta (native prompts carry the tool schemas)")
+        encoder = ChatEncoder(tokenizer, protocol.META_SYSTEM_PROMPT, None, {"enable_thinking": False})
     for i, record in enumerate(tqdm(prompts, desc="reference episodes", file=sys.stderr)):
         meta = record["metadata"]
         solution = solutions.get((meta["scenario"], meta["task_idx"]))
@@ -94,39 +106,63 @@ async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_
         if awm["verdict"] != "complete":
             dropped.append((meta["scenario"], meta["task_idx"], f"{awm['verdict']} ({awm['stop_reason']})"))
             continue
-        sample.metadata.pop("awm_trace", None)
+        trace = sample.metadata.pop("awm_trace", None) or {}
         kept.append(sample)
+        if counterfactual_copies and solution.slots:
+            copies = counterfactuals(encoder, sample, trace.get("messages") or [], solution.slots,
+                                     counterfactual_copies, rng, args.rollout_max_response_len)
+            extra += copies
+            unmatched += not copies
     for scenario, task_idx, why in dropped:
         logger.warning("no SFT example for %s#%d: %s", scenario, task_idx, why)
+    if counterfactual_copies:
+        logger.info("%d counterfactual copies of %d practice episodes (%d without a copy: nothing to rename, "
+                    "too long, or a rebuild that differs from the episode)", len(extra),
+                    sum(1 for s in kept if solutions[(s.metadata["scenario"], s.metadata["task_idx"])].slots), unmatched)
+    kept += extra
     return kept
 
 
-def sft(model: torch.nn.Module, samples: list[Sample], *, epochs: int, lr: float, seed: int) -> list[float]:
-    """Masked next-token loss on model tokens: L = -sum_t m_t log p(x_t | x_<t) / sum_t m_t, per sample."""
+def sft(model: torch.nn.Module, samples: list[Sample], *, epochs: int, lr: float, seed: int,
+        batch_size: int = 1) -> list[float]:
+    """Masked next-token loss on model tokens, mean over a batch's model tokens:
+
+        L = -sum_{b,t} m_{b,t} log p(x_{b,t} | x_{b,<t}) / sum_{b,t} m_{b,t}
+
+    Batches of `batch_size` episodes of similar length (right-padded, padding masked out of
+    attention and loss), shuffled with `seed` every epoch."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     losses = []
-    order = list(range(len(samples)))
+    by_length = sorted(range(len(samples)), key=lambda i: len(samples[i].tokens))
+    batches = [by_length[i:i + batch_size] for i in range(0, len(by_length), batch_size)]
     bar = tqdm(range(epochs), desc="sft epochs", file=sys.stderr)
     for _ in bar:
-        rng.shuffle(order)
+        rng.shuffle(batches)
         total = 0.0
-        for i in order:
-            s = samples[i]
-            ids = torch.tensor([s.tokens])
-            prompt_len = len(s.tokens) - s.response_length
-            mask = torch.tensor([0] * prompt_len + list(s.loss_mask), dtype=torch.float32)[1:]
-            logits = model(input_ids=ids).logits[0, :-1].float()
-            nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
-            loss = (nll * mask).sum() / mask.sum().clamp(min=1)
+        for batch in batches:
+            width = max(len(samples[i].tokens) for i in batch)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            attention = torch.zeros(len(batch), width, dtype=torch.long)
+            mask = torch.zeros(len(batch), width)
+            for row, i in enumerate(batch):
+                s = samples[i]
+                n, prompt_len = len(s.tokens), len(s.tokens) - s.response_length
+                ids[row, :n] = torch.tensor(s.tokens)
+                attention[row, :n] = 1
+                mask[row, prompt_len:n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1),
+                                                    reduction="none").view(len(batch), -1)
+            loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum().clamp(min=1)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             total += loss.item()
-        losses.append(total / max(len(order), 1))
+        losses.append(total / max(len(batches), 1))
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     return losses
 
@@ -142,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tool-mode", default="meta", choices=["meta", "native"])
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--batch-size", type=int, default=1, help="episodes per SFT step (on 2 CPU cores one "
+                        "episode a step is fastest: padding costs more than batching saves)")
     parser.add_argument("--max-response-len", type=int, default=2048, help="as the CPU profile (episodes that do not fit are dropped)")
     parser.add_argument("--max-observation-tokens", type=int, default=256, help="as the CPU profile")
+    parser.add_argument("--counterfactuals", type=int, default=0, help="renamed copies per practice-set episode "
+                        "(awm_grpo.counterfactual; needs slot values, i.e. the practice set, and --tool-mode meta)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one step of this small model gains "
                         "nothing from more, and more slow down everything else on a busy machine)")
@@ -167,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args.awm_tool_mode, args.awm_data_dir = opts.tool_mode, opts.data_dir
     args.awm_max_observation_tokens, args.awm_max_turns = opts.max_observation_tokens, 64
     started = time.perf_counter()
-    samples = asyncio.run(collect(args, prompts, opts.data_dir))
+    samples = asyncio.run(collect(args, prompts, opts.data_dir, opts.counterfactuals, opts.seed))
     if not samples:
         raise SystemExit("no reference episode verified: nothing to fine-tune on")
     tokens = sum(len(s.tokens) for s in samples)
@@ -175,13 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    losses = sft(model, samples, epochs=opts.epochs, lr=opts.lr, seed=opts.seed)
+    losses = sft(model, samples, epochs=opts.epochs, lr=opts.lr, seed=opts.seed, batch_size=opts.batch_size)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     GenerateState(args).tokenizer.save_pretrained(out)
     (out / "warmstart.json").write_text(json.dumps({"base": base, "episodes": len(samples), "tokens": tokens,
-                                                    "epochs": opts.epochs, "lr": opts.lr, "losses": losses,
-                                                    "tool_mode": opts.tool_mode}, indent=1))
+                                                    "epochs": opts.epochs, "lr": opts.lr, "batch_size": opts.batch_size, "losses": losses,
+                                                    "tool_mode": opts.tool_mode,
+                                                    "counterfactuals": opts.counterfactuals}, indent=1))
     logger.info("saved %s (loss %.3f -> %.3f)", out, losses[0], losses[-1])
     return 0
 

@@ -30,6 +30,7 @@ class Solution:
     wrong_calls: list[dict[str, Any]]
     wrong_final_answer: str | None
     family: str | None = None  # practice set: the task family this instance comes from (awm.scenarios.families)
+    slots: dict[str, Any] | None = None  # practice set: the instance's slot values
 
 
 def load_solutions(data_dir: str | os.PathLike[str] | None = None) -> dict[tuple[str, int], Solution]:

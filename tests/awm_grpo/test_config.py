@@ -184,7 +184,8 @@ RUNTIME_KEYS = {
     "awm_turn_schedule", "awm_max_observation_tokens", "awm_invalid_call_penalty", "awm_terminate_on_invalid_call",
     "awm_max_repeated_calls", "awm_tool_timeout", "awm_verifier_timeout", "awm_env_workers", "awm_trace_dir",
     "awm_enable_thinking", "awm_reward_complete", "awm_reward_partial", "awm_reward_other",
-    "awm_max_tokens_per_turn"}
+    "awm_max_tokens_per_turn", "awm_predicates", "awm_credit_method", "awm_credit_lambda", "awm_credit_beta",
+    "awm_credit_eta"}
 
 
 def test_reference_variables_are_knobs_and_names_are_unique():
@@ -230,6 +231,13 @@ def test_every_knob_reaches_its_flag_or_runtime_key(knob):
         assert "--use-kl-loss" in cmd
     if knob.key == "training.seed":
         assert cmd[cmd.index("--rollout-seed") + 1] == cmd[cmd.index("--engine-seed") + 1] == "7"
+
+
+def test_credit_method_switches_the_advantage_function_on():
+    hook = "--custom-advantage-function-path"
+    assert hook not in slime_command(cpu(), "/tmp/rt.yaml")
+    cmd = slime_command(cpu(env={"AWM_CREDIT_METHOD": "ours", "AWM_PREDICATES": "/tmp/p.jsonl"}), "/tmp/rt.yaml")
+    assert cmd[cmd.index(hook) + 1] == "awm_grpo.recovery.advantages"
 
 
 def test_cpu_command_is_accepted_by_slime_and_carries_the_recipe_hooks(tmp_path):

@@ -59,7 +59,7 @@ def _rows(name: str, practice: bool = False) -> dict[str, list[dict]]:
             "scenario": name, "task_idx": idx, "task_type": t["task_type"], "repair": bool(t.get("repair")),
             "calls": t["solution"]["calls"], "final_answer": t["solution"].get("final_answer"),
             "wrong_calls": t["wrong"]["calls"], "wrong_final_answer": t["wrong"].get("final_answer"),
-            **({"family": t["family"]} if t.get("family") else {}),
+            **({"family": t["family"], "slots": t["slots"]} if t.get("family") else {}),
         })
     return rows
 

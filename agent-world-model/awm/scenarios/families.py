@@ -22,8 +22,8 @@ Placeholders fill every string of the solution; a string that is exactly one pla
 slot's own value and type (so `"{book_id}"` becomes the integer 8). The verifier is a normal pure-code
 AWM verifier whose check() opens with `P = {...}`, the instance's slot values as a literal.
 
-Instances get task indices after the hand-written ten and are marked with `family` in
-reference_solutions.jsonl; `python -m awm.scenarios.build --practice DIR` writes the whole set (the
+Instances get task indices after the hand-written ten and are marked with `family` (and their
+`slots` row) in reference_solutions.jsonl; `python -m awm.scenarios.build --practice DIR` writes the whole set (the
 hand-written tasks plus every instance) as an AWM data folder. The tests replay every instance's
 solution and require the verifier to accept it and to reject the untouched DB.
 """
@@ -73,7 +73,7 @@ def instantiate(family: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     wrong = fill(family.get("wrong") or {"calls": [], "final_answer": None}, row)
     return {"task": family["task"].format(**row), "task_type": family["task_type"], "repair": False,
             "verifier": family["verifier"](check), "solution": solution, "wrong": wrong,
-            "family": family["family"]}
+            "family": family["family"], "slots": row}
 
 
 def expand(scenario: Any, db_path: str | Path) -> list[dict[str, Any]]:

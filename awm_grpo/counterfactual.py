@@ -1,0 +1,114 @@
+"""Counterfactual copies of reference episodes: the same conversation with invented names.
+
+A small model fine-tuned on a few hundred reference episodes memorises them: asked about a book it
+has never seen, it searches for one it has. What transfers to held-out tasks is copying - the name in
+the task into the call's arguments, the value in the observation into the answer - and a model only
+learns to copy when the names vary more than any fixed database can make them vary.
+
+So for a practice-set episode (a task-family instance, whose slot values are known) this writes
+copies in which every text slot value is replaced by an invented name of the same shape, everywhere
+it occurs in the task, the model's replies and the tool results (never in the tool catalogue):
+
+    "Who is the author of 'Dune'?"  ->  call search_books {"query": "Dune"}  ->  {"author": "Frank Herbert"}
+    "Who is the author of 'Velmor Tasin'?"  ->  {"query": "Velmor Tasin"}  ->  {"author": "Kel Oruna"}
+
+The copies are SFT data only: never played against an environment, never verified. Their tokens
+are built exactly as the rollout builds an episode (prompt ids, each reply's ids plus the end-of-turn
+token, each observation delta from the chat template), and a copy is made only if rebuilding the
+original episode this way reproduces its tokens exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from awm_grpo.chat import ChatEncoder
+from slime.utils.types import Sample
+
+_SYLLABLES = ("ka lo mi ren tor vel sa nu pe dra fin gor hal ish jun kel mor nal os pri qua rus sel tam ul "
+              "vor wen yas zel bri cor dun el fa gi ha ir jo ke lu ma ne ori pa ro si ta uv va xe yo zu").split()
+_KEEP = re.compile(r"^(?:.{1,3}|.*\d.*|.*\.)$")  # short words, words with digits, abbreviations ("Dr.")
+
+
+def invent_like(value: str, rng: random.Random) -> str:
+    """A made-up value with the shape of `value`: same words count, case pattern, kept short/digit words."""
+    def word(w: str) -> str:
+        if _KEEP.match(w) or not any(c.isalpha() for c in w):
+            return w
+        core = "".join(rng.choice(_SYLLABLES) for _ in range(max(1, min(4, round(len(w) / 3)))))
+        if w.isupper():
+            return core.upper()
+        return core.capitalize() if w[0].isupper() else core
+    return " ".join(word(w) for w in value.split(" "))
+
+
+def substitutable(slots: dict[str, Any]) -> list[str]:
+    """Slot values worth replacing: strings with letters, 4+ characters, longest first."""
+    values = {v for v in slots.values() if isinstance(v, str) and len(v) >= 4 and any(c.isalpha() for c in v)}
+    return sorted(values, key=len, reverse=True)
+
+
+def substitute(text: str, mapping: dict[str, str]) -> str:
+    """Replace whole occurrences (not inside a longer word or identifier) of each key, longest first."""
+    if not mapping:
+        return text
+    pattern = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(re.escape(k) for k in mapping) + r")(?![A-Za-z0-9_])")
+    return pattern.sub(lambda m: mapping[m.group(1)], text)
+
+
+def rebuild(encoder: ChatEncoder, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """(tokens, loss mask over the response) of a finished episode, built the way the rollout builds it.
+
+    `messages` = [user task, assistant, tool..., assistant, ...], ending with the final answer.
+    """
+    if not messages or messages[0]["role"] != "user" or messages[-1]["role"] != "assistant":
+        raise ValueError("an episode starts with the task and ends with the model's final answer")
+    tokens = encoder.prompt_ids(messages[0]["content"])
+    mask: list[int] = []
+    i = 1
+    while i < len(messages):
+        if messages[i]["role"] == "assistant":
+            ids = encoder.encode(messages[i]["content"]) + [encoder.end_of_turn_id]
+            tokens += ids
+            mask += [1] * len(ids)
+            i += 1
+        else:
+            results = []
+            while i < len(messages) and messages[i]["role"] == "tool":
+                results.append(messages[i]["content"])
+                i += 1
+            ids = encoder.observation_ids(results, model_closed_turn=True)
+            tokens += ids
+            mask += [0] * len(ids)
+    return tokens, mask
+
+
+def counterfactuals(encoder: ChatEncoder, sample: Sample, messages: list[dict[str, Any]], slots: dict[str, Any],
+                    copies: int, rng: random.Random, max_len: int) -> list[Sample]:
+    """Up to `copies` renamed copies of one verified reference episode (see the module docstring).
+
+    Returns [] when the slots hold nothing to rename or the rebuild does not reproduce the episode.
+    """
+    values = substitutable(slots)
+    if not values or copies <= 0:
+        return []
+    tokens, mask = rebuild(encoder, messages)
+    if tokens != list(sample.tokens) or mask != list(sample.loss_mask):
+        return []
+    catalogue = 1 if len(messages) > 2 and messages[1]["role"] == "assistant" and '"list_tools"' in \
+        messages[1]["content"] else None  # its tool result (message 2) is never renamed
+    out = []
+    for _ in range(copies):
+        mapping = {v: invent_like(v, rng) for v in values}
+        renamed = [m if catalogue is not None and k == catalogue + 1 else {**m, "content": substitute(m["content"], mapping)}
+                   for k, m in enumerate(messages)]
+        ids, loss_mask = rebuild(encoder, renamed)
+        prompt_len = len(encoder.prompt_ids(renamed[0]["content"]))
+        if len(ids) - prompt_len > max_len:
+            continue
+        out.append(Sample(index=sample.index, group_index=sample.group_index, prompt=renamed[0]["content"],
+                          tokens=ids, response_length=len(ids) - prompt_len, loss_mask=loss_mask,
+                          metadata={**(sample.metadata or {}), "counterfactual": mapping}))
+    return out
