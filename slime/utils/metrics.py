@@ -107,9 +107,9 @@ class MetricsWriter:
                 import wandb
             except ImportError:
                 raise SystemExit(
-                    "--use-wandb needs the wandb package, which is not installed (it is not part of the CPU "
-                    "set): `pip install wandb`, or drop --use-wandb; --use-tensorboard and the JSONL metrics "
-                    "work without it"
+                    "--use-wandb needs the wandb package, which is not installed here (setup.sh installs it: "
+                    "`bash setup.sh --deps-only`), or drop --use-wandb; --use-tensorboard and the JSONL "
+                    "metrics work without it"
                 ) from None
             self.wandb = wandb.init(project=args.wandb_project, group=args.wandb_group, dir=args.wandb_dir,
                                     mode=args.wandb_mode, config=_plain(vars(args)))
