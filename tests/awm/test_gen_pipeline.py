@@ -190,3 +190,36 @@ def test_sql_mode_verifiers_must_return_evidence(pipeline, tmp_path, capsys, cac
     ds = AWMDataset(copy, cache_dir=cache_dir)
     assert ds.verifier("todo_board", 0, mode="sql").code == EVIDENCE
     assert ds.verifier("todo_board", 1, mode="code") is None  # code mode's reject is untouched
+
+
+def test_generated_environment_trains_through_the_recipe_rollout(pipeline, tmp_path, monkeypatch, cache_dir):
+    """A generated record is usable by awm_grpo's rollout: a scripted policy solves task 0 end to end."""
+    from awm_grpo import env_client
+    from awm_grpo.rollout import play
+    from awm_grpo.warmstart import teacher_policy
+    from slime.arguments import parse_args
+    from slime.models.tiny import build_tiny_model
+    from slime.rollout.sglang_rollout import GenerateState
+    from slime.utils.types import Sample
+
+    _, out, _ = pipeline
+    monkeypatch.setenv("AWM_CACHE_DIR", str(cache_dir))
+    model = build_tiny_model(tmp_path / "tiny", seed=0)
+    args = parse_args(["--hf-checkpoint", str(model), "--prompt-data", "unused.jsonl", "--rollout-batch-size", "1",
+                       "--num-rollout", "1", "--rollout-max-response-len", "4096"])
+    args.awm_data_dir, args.awm_tool_mode, args.awm_env_workers, args.awm_max_observation_tokens = str(out), "native", 1, 512
+    task = AWMDataset(out, cache_dir=cache_dir).tasks("todo_board")[0]
+    replies = ['<tool_call>\n{"name": "add_item", "arguments": {"list_id": 1, "text": "buy milk"}}\n</tool_call>',
+               "Added."]
+    GenerateState.reset()
+    try:
+        sample = asyncio.run(play(args, Sample(index=0, prompt=[{"role": "user", "content": task}],
+                                               metadata={"scenario": "todo_board", "task_idx": 0, "task": task}),
+                                  {"max_new_tokens": 512}, teacher_policy(GenerateState(args).tokenizer, replies)))
+    finally:
+        GenerateState.reset()
+        env_client.close_runtimes()
+    awm = sample.metadata["awm"]
+    assert (awm["verdict"], awm["stop_reason"], awm["tool_calls"], awm["invalid_calls"]) == \
+        ("complete", "final_answer", 1, 0)
+    assert sum(sample.loss_mask) < sample.response_length  # the observation is in the sequence, masked out
