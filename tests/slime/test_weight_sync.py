@@ -222,7 +222,9 @@ from slime.weight_sync import init_custom_group
 group = init_custom_group("gloo", sys.argv[1], 2, 1, "slime_test_update")
 tensor = torch.zeros(3)
 dist.broadcast(tensor, group=group, group_src=0)
-print(tensor.tolist())
+print(tensor.tolist(), flush=True)
+dist.barrier(group=group)  # both sides are done with the group before either tears it down
+dist.destroy_process_group(group)  # exiting with live gloo threads can abort the interpreter
 """
 
 
@@ -240,6 +242,7 @@ def test_update_group_forms_beside_the_default_group_and_broadcasts():
     group = init_custom_group("gloo", init, 2, 0, "slime_test_update")
     try:
         dist.broadcast(torch.tensor([1.0, 2.0, 3.0]), group=group, group_src=0)
+        dist.barrier(group=group)
         out, err = receiver.communicate(timeout=60)
         assert receiver.returncode == 0, err
         assert out.strip() == "[1.0, 2.0, 3.0]"
