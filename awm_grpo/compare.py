@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ import yaml
 
 from awm_grpo import recovery_split
 from awm_grpo.launch import PLUGINS
+from awm_grpo.processes import Children
 from awm_grpo.recovery import METHODS
 from slime.backends.checkpoint import copy_tokenizer_files
 
@@ -74,21 +74,17 @@ def train_command(opts: argparse.Namespace, model: Path, run_dir: Path, config: 
 
 
 def _run(cmd: list[str], log: Path, timeout_s: float) -> int:
-    """Run a child in its own process group, output to `log`; on timeout stop exactly that group."""
+    """Run a child in its own session, output to `log`; on timeout stop exactly what it started."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": f"{REPO}:{REPO / 'agent-world-model'}" + (f":{os.environ['PYTHONPATH']}"
                                                                   if os.environ.get("PYTHONPATH") else "")}
+    children = Children()
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = children.start(log.parent.name, cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            children.stop_all(grace_s=30)
             return 124
 
 

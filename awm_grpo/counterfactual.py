@@ -97,18 +97,18 @@ def counterfactuals(encoder: ChatEncoder, sample: Sample, messages: list[dict[st
     tokens, mask = rebuild(encoder, messages)
     if tokens != list(sample.tokens) or mask != list(sample.loss_mask):
         return []
-    catalogue = 1 if len(messages) > 2 and messages[1]["role"] == "assistant" and '"list_tools"' in \
-        messages[1]["content"] else None  # its tool result (message 2) is never renamed
+    # meta mode opens with a list_tools call: its result (message 2), the tool catalogue, is never renamed
+    catalogue = 2 if len(messages) > 2 and '"list_tools"' in messages[1]["content"] else None
     out = []
     for _ in range(copies):
         mapping = {v: invent_like(v, rng) for v in values}
-        renamed = [m if catalogue is not None and k == catalogue + 1 else {**m, "content": substitute(m["content"], mapping)}
+        renamed = [m if k == catalogue else {**m, "content": substitute(m["content"], mapping)}
                    for k, m in enumerate(messages)]
         ids, loss_mask = rebuild(encoder, renamed)
         prompt_len = len(encoder.prompt_ids(renamed[0]["content"]))
         if len(ids) - prompt_len > max_len:
             continue
-        out.append(Sample(index=sample.index, group_index=sample.group_index, prompt=renamed[0]["content"],
+        out.append(Sample(index=sample.index, group_index=sample.group_index, prompt=[renamed[0]],
                           tokens=ids, response_length=len(ids) - prompt_len, loss_mask=loss_mask,
                           metadata={**(sample.metadata or {}), "counterfactual": mapping}))
     return out

@@ -18,10 +18,8 @@ Only the in-process transport exposes the episode DB; MCP episodes are refused a
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
-import re
 import sqlite3
 from dataclasses import dataclass
 from functools import lru_cache
@@ -29,9 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from awm.predicate_set import Predicate, TaskPredicates, evaluate
-from awm.semantics import label_tools
-
-_SQL_TABLE = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE)\s+[\"`\[]?([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
+from awm.semantics import handler_tables, label_tools, sql_tables
 
 
 @lru_cache(maxsize=8)
@@ -49,53 +45,14 @@ def predicate_tables(preds: list[Predicate]) -> frozenset[str]:
     """Tables the predicates read (their `table`, else the names after FROM / JOIN in their SQL)."""
     out: set[str] = set()
     for p in preds:
-        out |= {p.table} if p.table else set(_SQL_TABLE.findall(p.sql))
-    return frozenset(t.lower() for t in out)
-
-
-def _handler_tables(code: str) -> dict[str, frozenset[str]]:
-    """Tables each route handler (and the module helpers it calls) names: ORM models or raw SQL."""
-    tree = ast.parse(code)
-    models = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            for stmt in node.body:
-                if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__tablename__"
-                                                        for t in stmt.targets) \
-                        and isinstance(stmt.value, ast.Constant):
-                    models[node.name] = str(stmt.value.value).lower()
-    helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
-    out: dict[str, frozenset[str]] = {}
-    for node in helpers.values():
-        route = next((d for d in node.decorator_list if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)
-                      and d.func.attr in ("get", "post", "put", "patch", "delete", "head")), None)
-        if route is None:
-            continue
-        name = next((k.value.value for k in route.keywords if k.arg == "operation_id"
-                     and isinstance(k.value, ast.Constant)), node.name)
-        tables: set[str] = set()
-        todo, seen = [node], set()
-        while todo:
-            fn = todo.pop()
-            if fn.name in seen:
-                continue
-            seen.add(fn.name)
-            for sub in ast.walk(fn):
-                if isinstance(sub, ast.Name):
-                    if sub.id in models:
-                        tables.add(models[sub.id])
-                    elif sub.id in helpers and sub.id not in seen:
-                        todo.append(helpers[sub.id])
-                elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-                    tables |= {t.lower() for t in _SQL_TABLE.findall(sub.value)}
-        out[name] = frozenset(tables)
-    return out
+        out |= {p.table.lower()} if p.table else sql_tables(p.sql)
+    return frozenset(out)
 
 
 @lru_cache(maxsize=64)
 def tool_semantics(code: str) -> tuple[dict[str, str], dict[str, frozenset[str]]]:
     """({tool: label}, {tool: tables}) of one environment module (cached by its source)."""
-    return {name: lab.label for name, lab in label_tools(code).items()}, _handler_tables(code)
+    return {name: lab.label for name, lab in label_tools(code).items()}, handler_tables(code)
 
 
 def _snapshot_rows(db_path: str | Path) -> dict[str, tuple[list[int], dict[str, tuple]]]:

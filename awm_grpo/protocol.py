@@ -199,6 +199,11 @@ def native_tool_schemas(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for t in tools]
 
 
+def observation_text(text: str, is_error: bool) -> str:
+    """What the agent reads for a tool result: errors always start with "Error"."""
+    return f"Error: {text}" if is_error and not text.startswith("Error") else text
+
+
 def invalid_call_text(call: InvalidCall) -> str:
     return f"Error: invalid tool call: {call.reason}. Write one JSON object " \
            '{"name": ..., "arguments": {...}} between <tool_call> and </tool_call>.'

@@ -60,7 +60,7 @@ def call_text(tool: str, arguments: dict[str, Any], tool_mode: str) -> str:
 
 
 def _observation(obs: Any, max_chars: int) -> str:
-    text = f"Error: {obs.text}" if obs.is_error and not obs.text.startswith("Error") else obs.text
+    text = protocol.observation_text(obs.text, obs.is_error)
     return text if len(text) <= max_chars else text[:max_chars] + "\n[... observation truncated]"
 
 

@@ -186,8 +186,7 @@ class ToolRunner:
                 result = await self.env.call(call.name, call.arguments)
                 self.episode.tool_calls += 1
             self.episode.timings["env_s"] += time.perf_counter() - started
-            text = f"Error: {result.text}" if result.is_error and not result.text.startswith("Error") else result.text
-            texts.append(text)
+            texts.append(protocol.observation_text(result.text, result.is_error))
             records.append({"name": call.name, "arguments": call.arguments, "is_error": result.is_error,
                             "kind": result.kind})
             if result.kind in ("invalid_arguments", "unknown_tool"):
@@ -258,10 +257,7 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
 async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sampling_params: dict[str, Any],
                 policy: Policy, env: EnvSession, episode: Episode) -> None:
     tokenizer = GenerateState(args).tokenizer
-    native = cfg.tool_mode == "native"
-    encoder = ChatEncoder(tokenizer, protocol.NATIVE_SYSTEM_PROMPT if native else protocol.META_SYSTEM_PROMPT,
-                          protocol.native_tool_schemas(env.tools) if native else None,
-                          {"enable_thinking": cfg.enable_thinking})
+    encoder = chat_encoder(tokenizer, cfg, env.tools)
     task = episode.task or (sample.prompt[-1]["content"] if isinstance(sample.prompt, list) else str(sample.prompt))
     episode.task = task
     prefix = await start_state(env, sample.metadata or {})
@@ -323,6 +319,13 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         episode.recovery = await asyncio.to_thread(turns.progress.finish, episode.turns)
         episode.recovery["prefix_turns"] = sum(m["role"] == "assistant" for m in prefix)
     await verify(cfg, env, episode)
+
+
+def chat_encoder(tokenizer: Any, cfg: RolloutConfig, tools: list[dict[str, Any]]) -> ChatEncoder:
+    """The episode's chat encoding: meta mode's fixed system prompt, or native mode's with the tool schemas."""
+    native = cfg.tool_mode == "native"
+    return ChatEncoder(tokenizer, protocol.NATIVE_SYSTEM_PROMPT if native else protocol.META_SYSTEM_PROMPT,
+                       protocol.native_tool_schemas(tools) if native else None, {"enable_thinking": cfg.enable_thinking})
 
 
 async def start_state(env: EnvSession, meta: dict[str, Any]) -> list[dict[str, Any]]:

@@ -33,9 +33,8 @@ import torch
 from tqdm import tqdm
 
 from awm_grpo import protocol
-from awm_grpo.chat import ChatEncoder
 from awm_grpo.counterfactual import counterfactuals
-from awm_grpo.rollout import Policy, play
+from awm_grpo.rollout import Policy, RolloutConfig, chat_encoder, play
 from slime.arguments import parse_args
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
@@ -86,13 +85,13 @@ async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_
 
     solutions = load_solutions(data_dir)
     tokenizer = GenerateState(args).tokenizer
-    kept, dropped, extra, unmatched = [], [], [], 0
+    kept, dropped, extra, renamed, unmatched = [], [], [], 0, 0
     rng = random.Random(seed)
     encoder = None
     if counterfactual_copies:
         if args.awm_tool_mode != "meta":
             raise SystemExit("--counterfactuals needs --tool-mode meta (native prompts carry the tool schemas)")
-        encoder = ChatEncoder(tokenizer, protocol.META_SYSTEM_PROMPT, None, {"enable_thinking": False})
+        encoder = chat_encoder(tokenizer, RolloutConfig.from_args(args), [])  # meta mode: no tools in the prompt
     for i, record in enumerate(tqdm(prompts, desc="reference episodes", file=sys.stderr)):
         meta = record["metadata"]
         solution = solutions.get((meta["scenario"], meta["task_idx"]))
@@ -112,13 +111,13 @@ async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_
             copies = counterfactuals(encoder, sample, trace.get("messages") or [], solution.slots,
                                      counterfactual_copies, rng, args.rollout_max_response_len)
             extra += copies
+            renamed += 1
             unmatched += not copies
     for scenario, task_idx, why in dropped:
         logger.warning("no SFT example for %s#%d: %s", scenario, task_idx, why)
     if counterfactual_copies:
         logger.info("%d counterfactual copies of %d practice episodes (%d without a copy: nothing to rename, "
-                    "too long, or a rebuild that differs from the episode)", len(extra),
-                    sum(1 for s in kept if solutions[(s.metadata["scenario"], s.metadata["task_idx"])].slots), unmatched)
+                    "too long, or a rebuild that differs from the episode)", len(extra), renamed, unmatched)
     kept += extra
     return kept
 
@@ -219,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     GenerateState(args).tokenizer.save_pretrained(out)
-    (out / "warmstart.json").write_text(json.dumps({"base": base, "episodes": len(samples), "tokens": tokens,
-                                                    "epochs": opts.epochs, "lr": opts.lr, "batch_size": opts.batch_size, "losses": losses,
-                                                    "tool_mode": opts.tool_mode,
-                                                    "counterfactuals": opts.counterfactuals}, indent=1))
+    record = {"base": base, "episodes": len(samples), "tokens": tokens, "epochs": opts.epochs, "lr": opts.lr,
+              "batch_size": opts.batch_size, "losses": losses, "tool_mode": opts.tool_mode,
+              "counterfactuals": opts.counterfactuals}
+    (out / "warmstart.json").write_text(json.dumps(record, indent=1))
     logger.info("saved %s (loss %.3f -> %.3f)", out, losses[0], losses[-1])
     return 0
 

@@ -33,6 +33,7 @@ _SQL_VERB = re.compile(r"^\s*(INSERT|REPLACE|UPDATE|DELETE|SELECT|WITH)\b", re.I
 _VERB_EFFECT = {"insert": "create", "replace": "create", "update": "update", "delete": "delete"}
 _SESSION_NAMES = {"session", "db", "db_session", "sess", "s"}
 _QUERY_METHODS = {"query", "filter", "filter_by", "where", "join", "order_by", "limit", "offset"}
+_SQL_TABLE = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE)\s+[\"`\[]?([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 
 
 @dataclass
@@ -155,15 +156,54 @@ class _Effects(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def _models(tree: ast.Module) -> set[str]:
-    """Classes with a `__tablename__`: the ORM models whose construction creates a row."""
-    out = set()
+def _model_tables(tree: ast.Module) -> dict[str, str | None]:
+    """{class: table} of the classes with a `__tablename__` (the ORM models); None if it is not a constant."""
+    out: dict[str, str | None] = {}
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and any(
-            isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__tablename__" for t in s.targets)
-            for s in node.body
-        ):
-            out.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            for s in node.body:
+                if isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__tablename__"
+                                                     for t in s.targets):
+                    out[node.name] = str(s.value.value) if isinstance(s.value, ast.Constant) else None
+    return out
+
+
+def _models(tree: ast.Module) -> set[str]:
+    """The ORM models: their construction creates a row."""
+    return set(_model_tables(tree))
+
+
+def sql_tables(sql: str) -> set[str]:
+    """Lower-cased table names after FROM / JOIN / INTO / UPDATE in SQL text."""
+    return {t.lower() for t in _SQL_TABLE.findall(sql)}
+
+
+def handler_tables(code: str) -> dict[str, frozenset[str]]:
+    """{tool: tables} each route handler (and the module helpers it calls) names: ORM models or SQL text."""
+    tree = ast.parse(code)
+    models = {k: v.lower() for k, v in _model_tables(tree).items() if v is not None}
+    helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    out: dict[str, frozenset[str]] = {}
+    for node in tree.body:
+        route = _route(node)
+        if route is None:
+            continue
+        tables: set[str] = set()
+        todo, seen = [node], set()
+        while todo:
+            fn = todo.pop()
+            if fn.name in seen:
+                continue
+            seen.add(fn.name)
+            for sub in ast.walk(fn):
+                if isinstance(sub, ast.Name):
+                    if sub.id in models:
+                        tables.add(models[sub.id])
+                    elif sub.id in helpers and sub.id not in seen:
+                        todo.append(helpers[sub.id])
+                elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                    tables |= sql_tables(sub.value)
+        out[route[1]] = frozenset(tables)
     return out
 
 
