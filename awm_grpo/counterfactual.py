@@ -24,24 +24,10 @@ import random
 import re
 from typing import Any
 
+from awm.scenarios.worlds import invent_like
+
 from awm_grpo.chat import ChatEncoder
 from slime.utils.types import Sample
-
-_SYLLABLES = ("ka lo mi ren tor vel sa nu pe dra fin gor hal ish jun kel mor nal os pri qua rus sel tam ul "
-              "vor wen yas zel bri cor dun el fa gi ha ir jo ke lu ma ne ori pa ro si ta uv va xe yo zu").split()
-_KEEP = re.compile(r"^(?:.{1,3}|.*\d.*|.*\.)$")  # short words, words with digits, abbreviations ("Dr.")
-
-
-def invent_like(value: str, rng: random.Random) -> str:
-    """A made-up value with the shape of `value`: same words count, case pattern, kept short/digit words."""
-    def word(w: str) -> str:
-        if _KEEP.match(w) or not any(c.isalpha() for c in w):
-            return w
-        core = "".join(rng.choice(_SYLLABLES) for _ in range(max(1, min(4, round(len(w) / 3)))))
-        if w.isupper():
-            return core.upper()
-        return core.capitalize() if w[0].isupper() else core
-    return " ".join(word(w) for w in value.split(" "))
 
 
 def substitutable(slots: dict[str, Any]) -> list[str]:

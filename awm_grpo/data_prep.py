@@ -52,6 +52,13 @@ class Task:
     task: str
     task_type: str | None
     family: str | None = None  # practice set: the task family of an instance (stratum of the task split)
+    world: int = 0  # practice set: k >= 1 for an instance of renamed world k (training only)
+
+    @property
+    def base(self) -> str:
+        """The real scenario of a renamed world's task (`<name>_w<k>` -> `<name>`)."""
+        suffix = f"_w{self.world}"
+        return self.scenario[:-len(suffix)] if self.world and self.scenario.endswith(suffix) else self.scenario
 
 
 def read_task_types(path: str | Path, field: str = "task_type") -> dict[tuple[str, int], str]:
@@ -78,11 +85,13 @@ def load_tasks(data_dir: Path, *, task_types_file: str | Path | None = None, exc
     dataset = AWMDataset(data_dir, exclude=exclude)
     labels: dict[tuple[str, int], str] = {}
     families: dict[tuple[str, int], str] = {}
+    worlds: dict[tuple[str, int], str] = {}
     sources = []
     bundled_labels = data_dir / LABELS_FILE
     if bundled_labels.is_file():
         labels.update(read_task_types(bundled_labels))
         families = read_task_types(bundled_labels, "family")
+        worlds = read_task_types(bundled_labels, "world")
         sources.append(str(bundled_labels))
     if task_types_file:
         labels.update(read_task_types(task_types_file))
@@ -90,7 +99,8 @@ def load_tasks(data_dir: Path, *, task_types_file: str | Path | None = None, exc
     tasks = []
     for scenario, idx in dataset.task_keys(runnable_only=not include_unrunnable):
         texts = dataset.tasks(scenario)
-        tasks.append(Task(scenario, idx, texts[idx], labels.get((scenario, idx)), families.get((scenario, idx))))
+        tasks.append(Task(scenario, idx, texts[idx], labels.get((scenario, idx)), families.get((scenario, idx)),
+                          int(worlds.get((scenario, idx), 0))))
     if not tasks:
         hint = "" if include_unrunnable else " (runnable scenarios only: pass --include-unrunnable to list " \
                                              "tasks of scenarios without environment code)"
@@ -138,12 +148,16 @@ def dominant_type(tasks: list[Task]) -> str | None:
 
 def split_tasks(tasks: list[Task], *, ratios: tuple[float, ...], seed: int, split_by: str,
                 max_scenarios: int | None = None) -> dict[str, list[Task]]:
-    """Assign every task to train/val/test; by scenario, no scenario is in two splits."""
+    """Assign every task to train/val/test; by scenario, no scenario is in two splits.
+
+    Tasks of renamed worlds (awm.scenarios.worlds) are training data: they go to train when their
+    real scenario does (split by task: always), never to val or test."""
     if len(ratios) != len(SPLITS) or any(r < 0 for r in ratios) or abs(sum(ratios) - 1.0) > 1e-6:
         raise SplitError(f"--ratios {list(ratios)}: give three non-negative numbers that sum to 1")
     by_scenario: dict[str, list[Task]] = {}
+    renamed: dict[str, list[Task]] = {}
     for t in tasks:
-        by_scenario.setdefault(t.scenario, []).append(t)
+        (renamed if t.world else by_scenario).setdefault(t.base, []).append(t)
     names = sorted(by_scenario)
     if max_scenarios is not None:  # a seeded sample, not the first N in file order
         random.Random(seed).shuffle(names)
@@ -151,11 +165,13 @@ def split_tasks(tasks: list[Task], *, ratios: tuple[float, ...], seed: int, spli
     if split_by == "scenario":
         dealt = deal([(dominant_type(by_scenario[n]), n) for n in names], ratios, seed)
         chosen = [[t for n in sorted(part) for t in by_scenario[n]] for part in dealt]
+        chosen[0] += [t for n in sorted(dealt[0]) for t in renamed.get(n, [])]
     elif split_by == "task":  # stratum: the task family where there is one, so each family reaches every split
         units = [(t.family and f"{t.scenario}/{t.family}" or t.task_type, (t.scenario, t.task_idx))
                  for n in names for t in by_scenario[n]]
         index = {(t.scenario, t.task_idx): t for t in tasks}
         chosen = [[index[k] for k in sorted(part)] for part in deal(units, ratios, seed)]
+        chosen[0] += [t for n in names for t in renamed.get(n, [])]
     else:
         raise SplitError(f"--split-by {split_by!r}: use 'scenario' or 'task'")
     out = dict(zip(SPLITS, chosen, strict=True))
@@ -173,6 +189,8 @@ def prompt_record(task: Task, split: str, data_dir: Path) -> dict[str, Any]:
             "task_type": task.task_type, "split": split, "data_dir": str(data_dir)}
     if task.family:
         meta["family"] = task.family
+    if task.world:
+        meta["world"] = task.world
     return {"text": [{"role": "user", "content": task.task}], "metadata": meta}
 
 

@@ -8,9 +8,10 @@ reward and learns nothing. This stage gives the embedded CPU default a non-zero 
    (list_tools, the calls, the final answer) - so the SFT tokens, chat-template deltas and real
    tool observations are exactly what the RL rollout will produce, and the verifier must say
    `complete` on each (a solution that does not verify is dropped and reported);
-2. on the practice set (task-family instances, `python -m awm.scenarios.build --practice`), each
-   verified episode also gets `--counterfactuals` renamed copies (awm_grpo.counterfactual): the same
-   conversation with invented names, so the model learns to copy names instead of memorising them;
+2. names must be copied, not memorised: the practice set's renamed worlds (`--practice DIR
+   --worlds K`, awm.scenarios.worlds) are real, verified training tasks with invented names, and
+   `--counterfactuals K` adds K renamed copies of each practice episode (awm_grpo.counterfactual),
+   drawn fresh every epoch so that no invented name is seen twice;
 3. the model is trained with masked next-token loss on the model tokens (loss mask 1 only);
 4. the result is saved as a Hugging Face folder, the recipe's `--hf-checkpoint`.
 
@@ -41,10 +42,20 @@ from slime.utils.types import Sample
 
 logger = logging.getLogger("awm_grpo.warmstart")
 
-# The small architecture of the embedded default (about 3.4M parameters with the 4,096-token vocab):
-# big enough to imitate the reference trajectories, small enough to train and serve on 2 cores.
-SMALL_CONFIG = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 8192}
+# The architecture of the embedded default: 336k parameters with the 4,096-token vocab (tied
+# embeddings). Every CPU figure in the README was measured with it. Larger ones train and serve 5-10x
+# slower on 2 cores and, in the runs the README reports (1.3M and 3.4M parameters), did not do
+# better on held-out tasks; build one with `python -m slime.models.tiny --out DIR --set hidden_size=128
+# --set num_hidden_layers=4 --set head_dim=32` and pass it as `--base DIR`.
+SMALL_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16}
+
+
+def small_base(out_dir: str | Path, seed: int = 0) -> str:
+    """The from-scratch model of the embedded default (SMALL_CONFIG, the local 4,096-token tokenizer)."""
+    from slime.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(out_dir, seed=seed, **SMALL_CONFIG))
 
 
 def reference_replies(solution: Any, tool_mode: str) -> list[str]:
@@ -78,20 +89,42 @@ def teacher_policy(tokenizer: Any, replies: list[str]) -> Policy:
     return turn
 
 
+class Episodes:
+    """The verified reference episodes, and how to draw renamed copies of the renamable ones.
+
+    `epoch(rng)` is what one SFT epoch trains on: every episode plus `copies` fresh counterfactual
+    copies of each practice episode. Fresh names every epoch leave copying as the only way to lower
+    the loss on name tokens; fixed copies can be memorised like the originals."""
+
+    def __init__(self, encoder: Any, copies: int, max_len: int) -> None:
+        self.encoder, self.copies, self.max_len = encoder, copies, max_len
+        self.real: list[Sample] = []
+        self.renamable: list[tuple[Sample, list[dict[str, Any]], dict[str, Any]]] = []
+
+    def renamed(self, rng: random.Random) -> list[Sample]:
+        out: list[Sample] = []
+        for sample, messages, slots in self.renamable:
+            out += counterfactuals(self.encoder, sample, messages, slots, self.copies, rng, self.max_len)
+        return out
+
+    def epoch(self, rng: random.Random) -> list[Sample]:
+        return self.real + self.renamed(rng)
+
+
 async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_dir: str | None,
-                  counterfactual_copies: int = 0, seed: int = 0) -> list[Sample]:
-    """Play every prompt's reference solution; keep the episodes the verifier accepts (+ renamed copies)."""
+                  counterfactual_copies: int = 0, seed: int = 0) -> Episodes:
+    """Play every prompt's reference solution; keep the episodes the verifier accepts."""
     from awm.solutions import load_solutions
 
     solutions = load_solutions(data_dir)
     tokenizer = GenerateState(args).tokenizer
-    kept, dropped, extra, renamed, unmatched = [], [], [], 0, 0
-    rng = random.Random(seed)
+    dropped = []
     encoder = None
     if counterfactual_copies:
         if args.awm_tool_mode != "meta":
             raise SystemExit("--counterfactuals needs --tool-mode meta (native prompts carry the tool schemas)")
         encoder = chat_encoder(tokenizer, RolloutConfig.from_args(args), [])  # meta mode: no tools in the prompt
+    episodes = Episodes(encoder, counterfactual_copies, args.rollout_max_response_len)
     for i, record in enumerate(tqdm(prompts, desc="reference episodes", file=sys.stderr)):
         meta = record["metadata"]
         solution = solutions.get((meta["scenario"], meta["task_idx"]))
@@ -106,39 +139,39 @@ async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_
             dropped.append((meta["scenario"], meta["task_idx"], f"{awm['verdict']} ({awm['stop_reason']})"))
             continue
         trace = sample.metadata.pop("awm_trace", None) or {}
-        kept.append(sample)
+        episodes.real.append(sample)
         if counterfactual_copies and solution.slots:
-            copies = counterfactuals(encoder, sample, trace.get("messages") or [], solution.slots,
-                                     counterfactual_copies, rng, args.rollout_max_response_len)
-            extra += copies
-            renamed += 1
-            unmatched += not copies
+            source = (sample, trace.get("messages") or [], solution.slots)
+            if counterfactuals(encoder, *source, 1, random.Random(seed), args.rollout_max_response_len):
+                episodes.renamable.append(source)
     for scenario, task_idx, why in dropped:
         logger.warning("no SFT example for %s#%d: %s", scenario, task_idx, why)
     if counterfactual_copies:
-        logger.info("%d counterfactual copies of %d practice episodes (%d without a copy: nothing to rename, "
-                    "too long, or a rebuild that differs from the episode)", len(extra), renamed, unmatched)
-    kept += extra
-    return kept
+        logger.info("%d of %d episodes get %d fresh counterfactual copies every epoch (the others: nothing to "
+                    "rename, too long, or a rebuild that differs from the episode)", len(episodes.renamable),
+                    len(episodes.real), counterfactual_copies)
+    return episodes
 
 
-def sft(model: torch.nn.Module, samples: list[Sample], *, epochs: int, lr: float, seed: int,
+def sft(model: torch.nn.Module, episodes: Episodes, *, epochs: int, lr: float, seed: int,
         batch_size: int = 1) -> list[float]:
     """Masked next-token loss on model tokens, mean over a batch's model tokens:
 
         L = -sum_{b,t} m_{b,t} log p(x_{b,t} | x_{b,<t}) / sum_{b,t} m_{b,t}
 
-    Batches of `batch_size` episodes of similar length (right-padded, padding masked out of
-    attention and loss), shuffled with `seed` every epoch."""
+    Each epoch trains on `episodes.epoch(rng)` (fresh renamed copies every epoch) in batches of
+    `batch_size` episodes of similar length (right-padded, padding masked out of attention and
+    loss), shuffled with `seed`."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     losses = []
-    by_length = sorted(range(len(samples)), key=lambda i: len(samples[i].tokens))
-    batches = [by_length[i:i + batch_size] for i in range(0, len(by_length), batch_size)]
     bar = tqdm(range(epochs), desc="sft epochs", file=sys.stderr)
     for _ in bar:
+        samples = episodes.epoch(rng)
+        by_length = sorted(range(len(samples)), key=lambda i: len(samples[i].tokens))
+        batches = [by_length[i:i + batch_size] for i in range(0, len(by_length), batch_size)]
         rng.shuffle(batches)
         total = 0.0
         for batch in batches:
@@ -162,7 +195,7 @@ def sft(model: torch.nn.Module, samples: list[Sample], *, epochs: int, lr: float
             optimizer.step()
             total += loss.item()
         losses.append(total / max(len(batches), 1))
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", episodes=len(samples))
     return losses
 
 
@@ -193,9 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(opts.out)
     base = opts.base
     if base is None:
-        from slime.models.tiny import build_tiny_model
-
-        base = str(build_tiny_model(out.parent / "small-base", seed=opts.seed, config_overrides=SMALL_CONFIG))
+        base = small_base(out.parent / "small-base", seed=opts.seed)
     train = Path(opts.data) / "train.jsonl"
     if not train.is_file():
         raise SystemExit(f"{train} does not exist: write the splits first with `python -m awm_grpo.data_prep --out "
@@ -206,19 +237,19 @@ def main(argv: list[str] | None = None) -> int:
     args.awm_tool_mode, args.awm_data_dir = opts.tool_mode, opts.data_dir
     args.awm_max_observation_tokens, args.awm_max_turns = opts.max_observation_tokens, 64
     started = time.perf_counter()
-    samples = asyncio.run(collect(args, prompts, opts.data_dir, opts.counterfactuals, opts.seed))
-    if not samples:
+    episodes = asyncio.run(collect(args, prompts, opts.data_dir, opts.counterfactuals, opts.seed))
+    if not episodes.real:
         raise SystemExit("no reference episode verified: nothing to fine-tune on")
-    tokens = sum(len(s.tokens) for s in samples)
-    logger.info("%d SFT episodes (%d tokens) in %.1fs", len(samples), tokens, time.perf_counter() - started)
+    tokens = sum(len(s.tokens) for s in episodes.real)
+    logger.info("%d SFT episodes (%d tokens) in %.1fs", len(episodes.real), tokens, time.perf_counter() - started)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    losses = sft(model, samples, epochs=opts.epochs, lr=opts.lr, seed=opts.seed, batch_size=opts.batch_size)
+    losses = sft(model, episodes, epochs=opts.epochs, lr=opts.lr, seed=opts.seed, batch_size=opts.batch_size)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     GenerateState(args).tokenizer.save_pretrained(out)
-    record = {"base": base, "episodes": len(samples), "tokens": tokens, "epochs": opts.epochs, "lr": opts.lr,
+    record = {"base": base, "episodes": len(episodes.real), "tokens": tokens, "epochs": opts.epochs, "lr": opts.lr,
               "batch_size": opts.batch_size, "losses": losses, "tool_mode": opts.tool_mode,
               "counterfactuals": opts.counterfactuals}
     (out / "warmstart.json").write_text(json.dumps(record, indent=1))

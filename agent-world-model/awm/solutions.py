@@ -31,6 +31,7 @@ class Solution:
     wrong_final_answer: str | None
     family: str | None = None  # practice set: the task family this instance comes from (awm.scenarios.families)
     slots: dict[str, Any] | None = None  # practice set: the instance's slot values
+    world: int = 0  # practice set: 0 = the real scenario, k >= 1 = its renamed world k (awm.scenarios.worlds)
 
 
 def load_solutions(data_dir: str | os.PathLike[str] | None = None) -> dict[tuple[str, int], Solution]:

@@ -228,8 +228,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="rebuild even if the folder is current")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=INT",
+                        help="override one integer of the Qwen3 config, e.g. --set hidden_size=128 --set "
+                        "num_hidden_layers=4 --set head_dim=32 (repeatable)")
     args = parser.parse_args(argv)
-    path = build_tiny_model(args.out, vocab_size=args.vocab_size, seed=args.seed, overwrite=args.overwrite)
+    overrides: dict[str, int] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not value.lstrip("-").isdigit() or not hasattr(Qwen3Config(), key):
+            parser.error(f"--set {item!r}: give KEY=INT with KEY a Qwen3Config field such as hidden_size")
+        overrides[key] = int(value)
+    path = build_tiny_model(args.out, vocab_size=args.vocab_size, seed=args.seed, overwrite=args.overwrite,
+                            **overrides)
     print(path)
 
 

@@ -7,9 +7,10 @@ import json
 import random
 
 from awm.scenarios import build
+from awm.scenarios.worlds import invent_like
 from transformers import AutoTokenizer
 
-from awm_grpo.counterfactual import invent_like, substitute
+from awm_grpo.counterfactual import substitute
 from awm_grpo.data_prep import prepare
 from awm_grpo.warmstart import collect
 from slime.arguments import parse_args
@@ -36,9 +37,12 @@ def test_renamed_copies_of_a_played_practice_episode(tmp_path, tiny_model_dir):
     args.awm_tool_mode, args.awm_data_dir, args.awm_env_workers = "meta", str(practice), 1
     args.awm_max_observation_tokens, args.awm_max_turns = 256, 64
 
-    real, *copies = asyncio.run(collect(args, prompts, str(practice), counterfactual_copies=2, seed=0))
+    episodes = asyncio.run(collect(args, prompts, str(practice), counterfactual_copies=2, seed=0))
+    real, *copies = episodes.epoch(random.Random(0))
 
     assert real.metadata["awm"]["verdict"] == "complete" and len(copies) == 2
+    again = episodes.epoch(random.Random(1))  # every epoch draws fresh names for the same episode
+    assert again[0] is real and again[1].metadata["counterfactual"] != copies[0].metadata["counterfactual"]
     title = prompts[0]["metadata"]["task"].split("'")[1]
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     for copy in copies:

@@ -156,3 +156,16 @@ def test_task_split_of_the_practice_set_spreads_every_family_over_train_and_held
     assert len(seen) >= 40
     assert all("train" in s for s in seen.values())
     assert sum(bool(s & {"val", "test"}) for s in seen.values()) >= 0.9 * len(seen)
+
+
+def test_renamed_worlds_are_training_data_only():
+    real = [Task("shop", j, f"t{j}", "info_seeking", "price") for j in range(10)]
+    renamed = [Task(f"shop_w{k}", j, f"t{j}'", "info_seeking", "price", world=k) for k in (1, 2) for j in range(10)]
+    for split_by in ("task", "scenario"):
+        plain = split_tasks(real, ratios=(0.6, 0.2, 0.2), seed=3, split_by=split_by)
+        mixed = split_tasks(real + renamed, ratios=(0.6, 0.2, 0.2), seed=3, split_by=split_by)
+        assert mixed["val"] == plain["val"] and mixed["test"] == plain["test"]  # held-out: real names only
+        assert all(t.world == 0 for name in ("val", "test") for t in mixed[name])
+        held_out_scenario = split_by == "scenario" and not plain["train"]
+        assert len(mixed["train"]) == len(plain["train"]) + (0 if held_out_scenario else 20)
+    assert renamed[0].base == "shop" and real[0].base == "shop"

@@ -118,3 +118,16 @@ def test_rebuild_is_skipped_when_current_and_cli_builds(tiny_dir, tmp_path, caps
     main(["--out", str(tmp_path / "cli")])
     assert capsys.readouterr().out.strip() == str(tmp_path / "cli")
     assert _sha(tmp_path / "cli" / "model.safetensors") == _sha(tiny_dir / "model.safetensors")
+
+
+def test_cli_overrides_reach_the_config_and_bad_ones_fail(tmp_path, capsys):
+    from transformers import AutoConfig
+
+    from slime.models import tiny
+
+    tiny.main(["--out", str(tmp_path / "m"), "--set", "hidden_size=32", "--set", "num_hidden_layers=3"])
+    config = AutoConfig.from_pretrained(tmp_path / "m")
+    assert (config.hidden_size, config.num_hidden_layers) == (32, 3)
+    for bad in ("hidden_size", "hidden_size=big", "no_such_field=3"):
+        with pytest.raises(SystemExit):
+            tiny.main(["--out", str(tmp_path / "x"), "--set", bad])

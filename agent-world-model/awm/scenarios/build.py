@@ -18,6 +18,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DATA_DIR = HERE / "data"
@@ -28,18 +29,24 @@ def scenario_names() -> list[str]:
     return sorted(p.parent.name for p in HERE.glob("*/scenario.py"))
 
 
-def _rows(name: str, practice: bool = False) -> dict[str, list[dict]]:
+def _source(name: str) -> Any:
     src = importlib.import_module(f"awm.scenarios.{name}.scenario")
     if src.NAME != name:
         raise ValueError(f"scenarios/{name}/scenario.py declares NAME={src.NAME!r}; it must equal the folder name")
     if len(src.TASKS) != 10:
         raise ValueError(f"scenario {name!r} has {len(src.TASKS)} tasks; AWM-1K scenarios have exactly 10")
+    return src
+
+
+def _rows(src: Any, code: str, practice: bool = False) -> dict[str, list[dict]]:
+    """The AWM-1K records of one scenario module (or renamed world, awm.scenarios.worlds)."""
+    name = src.NAME
     tasks = list(src.TASKS)
     if practice:
         from awm.scenarios.families import expand_scenario
 
         tasks += expand_scenario(src)
-    code = (HERE / name / "app.py").read_text(encoding="utf-8")
+    world = {"world": src.world} if getattr(src, "world", 0) else {}
     inserts = sum(len(t["insert_statements"]) for t in src.SAMPLE)
     rows: dict[str, list[dict]] = {
         "gen_scenario": [{"name": name, "description": src.DESCRIPTION}],
@@ -59,17 +66,26 @@ def _rows(name: str, practice: bool = False) -> dict[str, list[dict]]:
             "scenario": name, "task_idx": idx, "task_type": t["task_type"], "repair": bool(t.get("repair")),
             "calls": t["solution"]["calls"], "final_answer": t["solution"].get("final_answer"),
             "wrong_calls": t["wrong"]["calls"], "wrong_final_answer": t["wrong"].get("final_answer"),
-            **({"family": t["family"], "slots": t["slots"]} if t.get("family") else {}),
+            **({"family": t["family"], "slots": t["slots"]} if t.get("family") else {}), **world,
         })
     return rows
 
 
-def render(practice: bool = False, names: list[str] | None = None) -> dict[str, str]:
-    """File name -> exact text of every file in data/ (or of the practice set), of `names` or all scenarios."""
+def render(practice: bool = False, names: list[str] | None = None, worlds: int = 0) -> dict[str, str]:
+    """File name -> exact text of every file in data/ (or of the practice set), of `names` or all scenarios.
+
+    `worlds` (practice set only): also that many renamed worlds of each scenario with task families."""
+    from awm.scenarios.worlds import world
+
     merged: dict[str, list[dict]] = {}
     for name in names or scenario_names():
-        for stage, rows in _rows(name, practice).items():
-            merged.setdefault(stage, []).extend(rows)
+        src = _source(name)
+        code = (HERE / name / "app.py").read_text(encoding="utf-8")
+        sources = [src] + ([world(src, k, code=code) for k in range(1, worlds + 1)]
+                           if practice and getattr(src, "FAMILIES", None) else [])
+        for one in sources:
+            for stage, rows in _rows(one, code, practice).items():
+                merged.setdefault(stage, []).extend(rows)
     return {f"{stage}.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             for stage, rows in merged.items()}
 
@@ -80,20 +96,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--practice", metavar="DIR", help="write the practice set (hand-written tasks + task "
                         "family instances) to DIR instead of data/")
     parser.add_argument("--scenarios", nargs="+", help="with --practice: only these scenarios")
+    parser.add_argument("--worlds", type=int, default=0, metavar="K", help="with --practice: also K renamed worlds "
+                        "of each scenario (awm.scenarios.worlds: invented names, family instances only; training data)")
     args = parser.parse_args(argv)
+    if args.worlds and not args.practice:
+        parser.error("--worlds needs --practice")
     if args.practice:
         out = Path(args.practice)
         out.mkdir(parents=True, exist_ok=True)
         unknown = sorted(set(args.scenarios or []) - set(scenario_names()))
         if unknown:
             parser.error(f"unknown scenarios {unknown}: choose from {scenario_names()}")
-        files = render(practice=True, names=args.scenarios)
+        files = render(practice=True, names=args.scenarios, worlds=args.worlds)
         for name, text in files.items():
             tmp = out / f".{name}.tmp"
             tmp.write_text(text, encoding="utf-8")
             tmp.replace(out / name)
         tasks = sum(len(json.loads(line)["tasks"]) for line in files["gen_tasks.jsonl"].splitlines())
-        print(f"wrote the practice set ({tasks} tasks in {len(args.scenarios or scenario_names())} scenarios) to {out}")
+        scenarios = len(files["gen_scenario.jsonl"].splitlines())
+        print(f"wrote the practice set ({tasks} tasks in {scenarios} scenarios) to {out}")
         return 0
     files = render()
     if args.check:
