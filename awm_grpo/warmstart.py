@@ -43,10 +43,10 @@ from slime.utils.types import Sample
 logger = logging.getLogger("awm_grpo.warmstart")
 
 # The architecture of the embedded default: 336k parameters with the 4,096-token vocab (tied
-# embeddings). Every CPU figure in the README was measured with it. Larger ones train and serve 5-10x
-# slower on 2 cores and, in the runs the README reports (1.3M and 3.4M parameters), did not do
-# better on held-out tasks; build one with `python -m slime.models.tiny --out DIR --set hidden_size=128
-# --set num_hidden_layers=4 --set head_dim=32` and pass it as `--base DIR`.
+# embeddings), the model of the README's CPU figures. Larger ones train and serve 5-10x slower on
+# 2 cores, and the 1.3M one the README reports did no better on held-out tasks; build one with
+# `python -m slime.models.tiny --out DIR --set hidden_size=128 --set num_hidden_layers=4
+# --set head_dim=32` and pass it as `--base DIR`.
 SMALL_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "head_dim": 16}
 
