@@ -71,18 +71,20 @@ def rebuild(encoder: ChatEncoder, messages: list[dict[str, Any]]) -> tuple[list[
     return tokens, mask
 
 
+def renamable(encoder: ChatEncoder, sample: Sample, messages: list[dict[str, Any]], slots: dict[str, Any]) -> bool:
+    """Whether copies of this episode can be made: its slots hold a name, and rebuilding its
+    messages reproduces its tokens and loss mask exactly (checked once, not per copy)."""
+    if not substitutable(slots):
+        return False
+    tokens, mask = rebuild(encoder, messages)
+    return tokens == list(sample.tokens) and mask == list(sample.loss_mask)
+
+
 def counterfactuals(encoder: ChatEncoder, sample: Sample, messages: list[dict[str, Any]], slots: dict[str, Any],
                     copies: int, rng: random.Random, max_len: int) -> list[Sample]:
-    """Up to `copies` renamed copies of one verified reference episode (see the module docstring).
-
-    Returns [] when the slots hold nothing to rename or the rebuild does not reproduce the episode.
-    """
+    """Up to `copies` renamed copies of a `renamable` reference episode (see the module docstring);
+    a copy whose response exceeds `max_len` tokens is skipped."""
     values = substitutable(slots)
-    if not values or copies <= 0:
-        return []
-    tokens, mask = rebuild(encoder, messages)
-    if tokens != list(sample.tokens) or mask != list(sample.loss_mask):
-        return []
     # meta mode opens with a list_tools call: its result (message 2), the tool catalogue, is never renamed
     catalogue = 2 if len(messages) > 2 and '"list_tools"' in messages[1]["content"] else None
     out = []

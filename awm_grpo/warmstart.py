@@ -34,7 +34,7 @@ import torch
 from tqdm import tqdm
 
 from awm_grpo import protocol
-from awm_grpo.counterfactual import counterfactuals
+from awm_grpo.counterfactual import counterfactuals, renamable
 from awm_grpo.rollout import Policy, RolloutConfig, chat_encoder, play
 from slime.arguments import parse_args
 from slime.rollout.sglang_rollout import GenerateState
@@ -112,7 +112,7 @@ class Episodes:
 
 
 async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_dir: str | None,
-                  counterfactual_copies: int = 0, seed: int = 0) -> Episodes:
+                  counterfactual_copies: int = 0) -> Episodes:
     """Play every prompt's reference solution; keep the episodes the verifier accepts."""
     from awm.solutions import load_solutions
 
@@ -142,13 +142,13 @@ async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_
         episodes.real.append(sample)
         if counterfactual_copies and solution.slots:
             source = (sample, trace.get("messages") or [], solution.slots)
-            if counterfactuals(encoder, *source, 1, random.Random(seed), args.rollout_max_response_len):
+            if renamable(encoder, *source):
                 episodes.renamable.append(source)
     for scenario, task_idx, why in dropped:
         logger.warning("no SFT example for %s#%d: %s", scenario, task_idx, why)
     if counterfactual_copies:
         logger.info("%d of %d episodes get %d fresh counterfactual copies every epoch (the others: nothing to "
-                    "rename, too long, or a rebuild that differs from the episode)", len(episodes.renamable),
+                    "rename, or a rebuild that differs from the episode)", len(episodes.renamable),
                     len(episodes.real), counterfactual_copies)
     return episodes
 
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     args.awm_tool_mode, args.awm_data_dir = opts.tool_mode, opts.data_dir
     args.awm_max_observation_tokens, args.awm_max_turns = opts.max_observation_tokens, 64
     started = time.perf_counter()
-    episodes = asyncio.run(collect(args, prompts, opts.data_dir, opts.counterfactuals, opts.seed))
+    episodes = asyncio.run(collect(args, prompts, opts.data_dir, opts.counterfactuals))
     if not episodes.real:
         raise SystemExit("no reference episode verified: nothing to fine-tune on")
     tokens = sum(len(s.tokens) for s in episodes.real)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
 import pytest
 from awm.data import AWMDataset
-from awm.episode import EnvRuntime
 from awm.scenarios import build, families
 from awm.scenarios.library_lending_1 import scenario as library
-from awm.solutions import load_solutions, replay
+from awm.solutions import load_solutions
+from replay_helpers import replay_references
 
 
 def test_fill_keeps_the_type_of_a_whole_slot_and_formats_the_rest():
@@ -64,21 +63,7 @@ def test_practice_set_keeps_the_hand_written_tasks_first(practice, cache_dir):
 def test_every_family_instance_is_solved_by_its_reference_and_not_by_the_untouched_db(practice, cache_dir):
     solutions = {k: s for k, s in load_solutions(practice).items() if s.family}
 
-    async def run_one(rt: EnvRuntime, key: tuple[str, int]) -> tuple[str, str, list]:
-        sol = solutions[key]
-        async with await rt.open(*key) as ep:
-            errors = [o.text[:200] for o in await replay(ep, sol.calls) if o.is_error]
-            reference = (await ep.verify(sol.final_answer)).verdict
-        async with await rt.open(*key) as ep:
-            untouched = (await ep.verify(sol.final_answer)).verdict  # the right words, nothing done
-        return reference, untouched, errors
-
-    async def main():
-        with EnvRuntime(practice, num_workers=2, cache_dir=cache_dir) as rt:
-            keys = sorted(solutions)
-            return dict(zip(keys, await asyncio.gather(*(run_one(rt, k) for k in keys)), strict=True))
-
-    results = asyncio.run(main())
+    results = replay_references(practice, solutions, cache_dir)
     assert len(results) > 250
     assert not {k: r[2] for k, r in results.items() if r[2]}, "reference calls returned errors"
     assert [k for k, r in results.items() if r[0] != "complete"] == []

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import re
 from pathlib import Path
 
 import pytest
-from awm.episode import EnvRuntime
 from awm.scenarios import build, worlds
 from awm.scenarios.library_lending_1 import scenario as library
-from awm.solutions import load_solutions, replay
+from awm.solutions import load_solutions
+from replay_helpers import replay_references
 
 LIBRARY_CODE = (Path(build.HERE) / "library_lending_1" / "app.py").read_text()
 
@@ -55,21 +54,7 @@ def test_every_world_instance_is_solved_by_its_reference_and_not_by_the_untouche
     names = {json.loads(line)["name"] for line in (practice_with_a_world / "gen_scenario.jsonl").read_text().splitlines()}
     assert {n for n in names if n.endswith("_w1")} == {f"{n}_w1" for n in build.scenario_names()}
 
-    async def run_one(rt: EnvRuntime, key: tuple[str, int]) -> tuple[str, str, list]:
-        sol = solutions[key]
-        async with await rt.open(*key) as ep:
-            errors = [o.text[:200] for o in await replay(ep, sol.calls) if o.is_error]
-            reference = (await ep.verify(sol.final_answer)).verdict
-        async with await rt.open(*key) as ep:
-            untouched = (await ep.verify(sol.final_answer)).verdict
-        return reference, untouched, errors
-
-    async def main():
-        with EnvRuntime(practice_with_a_world, num_workers=2, cache_dir=cache_dir) as rt:
-            keys = sorted(solutions)
-            return dict(zip(keys, await asyncio.gather(*(run_one(rt, k) for k in keys)), strict=True))
-
-    results = asyncio.run(main())
+    results = replay_references(practice_with_a_world, solutions, cache_dir)
     assert len(results) > 250
     assert not {k: r[2] for k, r in results.items() if r[2]}, "reference calls returned errors"
     assert [k for k, r in results.items() if r[0] != "complete"] == []

@@ -37,7 +37,7 @@ def test_renamed_copies_of_a_played_practice_episode(tmp_path, tiny_model_dir):
     args.awm_tool_mode, args.awm_data_dir, args.awm_env_workers = "meta", str(practice), 1
     args.awm_max_observation_tokens, args.awm_max_turns = 256, 64
 
-    episodes = asyncio.run(collect(args, prompts, str(practice), counterfactual_copies=2, seed=0))
+    episodes = asyncio.run(collect(args, prompts, str(practice), counterfactual_copies=2))
     real, *copies = episodes.epoch(random.Random(0))
 
     assert real.metadata["awm"]["verdict"] == "complete" and len(copies) == 2

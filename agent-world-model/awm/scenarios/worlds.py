@@ -19,6 +19,7 @@ same as in the original world.
 
 from __future__ import annotations
 
+import ast
 import random
 import re
 from types import SimpleNamespace
@@ -54,8 +55,6 @@ def name_like(value: str, code_strings: set[str]) -> bool:
 def code_strings(code: str) -> set[str]:
     """The string constants the environment code works with (documentation - docstrings and the
     `description=` / `examples=` / `title=` / `summary=` of its schemas - does not count)."""
-    import ast
-
     docs = {"description", "examples", "title", "summary", "example"}
     skip: set[int] = set()
     tree = ast.parse(code)
@@ -107,4 +106,4 @@ def world(scenario: Any, k: int, *, code: str, seed: int = 0) -> SimpleNamespace
     sample, mapping = rename_sample(scenario.SAMPLE, code, rng)
     return SimpleNamespace(NAME=f"{scenario.NAME}_w{k}", DESCRIPTION=scenario.DESCRIPTION, TABLES=scenario.TABLES,
                            SAMPLE=sample, TASKS=[], PROBES=scenario.PROBES,
-                           FAMILIES=getattr(scenario, "FAMILIES", []), world=k, base=scenario.NAME, mapping=mapping)
+                           FAMILIES=getattr(scenario, "FAMILIES", []), world=k, mapping=mapping)
