@@ -58,15 +58,19 @@ def small_base(out_dir: str | Path, seed: int = 0) -> str:
     return str(build_tiny_model(out_dir, seed=seed, **SMALL_CONFIG))
 
 
-def reference_replies(solution: Any, tool_mode: str) -> list[str]:
-    """The replies a perfect agent writes for a reference solution, in the rollout's call format."""
+def reference_replies(solution: Any, tool_mode: str, list_tools: bool = True) -> list[str]:
+    """The replies a perfect agent writes for a reference solution, in the rollout's call format.
+
+    Meta mode opens with list_tools unless `list_tools` is False: then the agent calls call_tool
+    directly by name, which keeps the task text a few tokens from the call that must copy from it
+    (a small model copies over a short distance far better than across a tool listing)."""
     def block(name: str, arguments: dict[str, Any]) -> str:
         return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
     if tool_mode == "native":
         replies = [block(c["tool"], c["arguments"]) for c in solution.calls]
     else:
-        replies = [block(protocol.LIST_TOOLS, {})]
+        replies = [block(protocol.LIST_TOOLS, {})] if list_tools else []
         replies += [block(protocol.CALL_TOOL, {"tool_name": c["tool"], "arguments": c["arguments"]})
                     for c in solution.calls]
     return replies + [solution.final_answer or "Done."]
@@ -112,7 +116,7 @@ class Episodes:
 
 
 async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_dir: str | None,
-                  counterfactual_copies: int = 0) -> Episodes:
+                  counterfactual_copies: int = 0, list_tools: bool = True) -> Episodes:
     """Play every prompt's reference solution; keep the episodes the verifier accepts."""
     from awm.solutions import load_solutions
 
@@ -132,7 +136,7 @@ async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_
             dropped.append((meta["scenario"], meta["task_idx"], "no reference solution"))
             continue
         sample = Sample(index=i, group_index=i, prompt=record["text"], metadata=dict(meta))
-        policy = teacher_policy(tokenizer, reference_replies(solution, args.awm_tool_mode))
+        policy = teacher_policy(tokenizer, reference_replies(solution, args.awm_tool_mode, list_tools))
         sample = await play(args, sample, {"max_new_tokens": args.rollout_max_response_len}, policy)
         awm = sample.metadata["awm"]
         if awm["verdict"] != "complete":
@@ -216,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-observation-tokens", type=int, default=256, help="as the CPU profile")
     parser.add_argument("--counterfactuals", type=int, default=0, help="renamed copies per practice-set episode "
                         "(awm_grpo.counterfactual; needs slot values, i.e. the practice set, and --tool-mode meta)")
+    parser.add_argument("--list-tools", action=argparse.BooleanOptionalAction, default=True,
+                        help="meta mode: open each reference episode with list_tools (--no-list-tools: call "
+                        "call_tool directly, the shorter episode a small model learns to copy names in)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one step of this small model gains "
                         "nothing from more, and more slow down everything else on a busy machine)")
@@ -237,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     args.awm_tool_mode, args.awm_data_dir = opts.tool_mode, opts.data_dir
     args.awm_max_observation_tokens, args.awm_max_turns = opts.max_observation_tokens, 64
     started = time.perf_counter()
-    episodes = asyncio.run(collect(args, prompts, opts.data_dir, opts.counterfactuals))
+    episodes = asyncio.run(collect(args, prompts, opts.data_dir, opts.counterfactuals, opts.list_tools))
     if not episodes.real:
         raise SystemExit("no reference episode verified: nothing to fine-tune on")
     tokens = sum(len(s.tokens) for s in episodes.real)
@@ -251,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     GenerateState(args).tokenizer.save_pretrained(out)
     record = {"base": base, "episodes": len(episodes.real), "tokens": tokens, "epochs": opts.epochs, "lr": opts.lr,
               "batch_size": opts.batch_size, "losses": losses, "tool_mode": opts.tool_mode,
-              "counterfactuals": opts.counterfactuals}
+              "counterfactuals": opts.counterfactuals, "list_tools": opts.list_tools}
     (out / "warmstart.json").write_text(json.dumps(record, indent=1))
     logger.info("saved %s (loss %.3f -> %.3f)", out, losses[0], losses[-1])
     return 0

@@ -157,6 +157,10 @@ class TrainActor:
         """Drop the NCCL update group (engines changed); the next tensor sync forms a new one."""
         self._fan_out("reset_tensor_sync")
 
+    def close(self) -> None:
+        """Every rank leaves its process groups together (before Ray tears the actors down)."""
+        self._fan_out("close")
+
     def train(self, samples: list[Any], advantages: list[Any] | None = None,
               loss_type: str | None = None) -> dict[str, float]:
         """Old log-probs once for the whole rollout, then `--num-steps-per-rollout` optimizer steps.

@@ -304,6 +304,11 @@ class Run:
     async def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if hasattr(self, "trainer"):
+            try:  # train ranks leave their process group together; a dead rank must not hide the real error
+                await self.trainer.close.remote()
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("train ranks did not close cleanly: %s", exc)
         if hasattr(self, "engines"):
             await self.engines.shutdown()
         await close_shared_client()

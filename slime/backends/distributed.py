@@ -81,6 +81,16 @@ class DataParallel:
         if self.enabled:
             dist.barrier(group=self.group)
 
+    def close(self) -> None:
+        """Leave the process group together: a barrier, then destroy it.
+
+        A rank that exits while a peer still talks to it over gloo can abort in the transport's
+        threads ("terminate called without an active exception"), so every rank waits for the others.
+        """
+        if self.group is None and dist.is_initialized():
+            self.barrier()
+            dist.destroy_process_group()
+
 
 def init_data_parallel(
     rank: int,

@@ -119,6 +119,11 @@ class TrainWorker:
             self._tensor_sync.close()
             self._tensor_sync = None
 
+    def close(self) -> None:
+        """Drop the weight-sync group and leave the training group (all ranks call it)."""
+        self.reset_tensor_sync()
+        self.trainer.dp.close()
+
     def policy_config(self) -> PolicyLossConfig:
         args = self.args
         return PolicyLossConfig(

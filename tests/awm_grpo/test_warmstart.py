@@ -35,3 +35,25 @@ def test_sft_lowers_the_loss_on_played_reference_episodes(tmp_path, tiny_model_d
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     losses = sft(model, episodes, epochs=4, lr=1e-2, seed=0)
     assert len(losses) == 4 and losses[-1] < 0.7 * losses[0]
+
+
+def test_reference_episodes_skip_list_tools_when_asked_and_still_verify(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    splits = tmp_path / "splits"
+    prepare(splits, split_by="task", seed=42)
+    prompts = [json.loads(line) for line in (splits / "train.jsonl").read_text().splitlines()][:2]
+    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", "unused.jsonl",
+                       "--rollout-batch-size", "1", "--num-rollout", "1", "--rollout-max-response-len", "2048"])
+    args.awm_tool_mode, args.awm_data_dir, args.awm_env_workers = "meta", None, 1
+    args.awm_max_observation_tokens, args.awm_max_turns = 256, 64
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    responses = {}
+    for list_tools in (True, False):
+        episodes = asyncio.run(collect(args, prompts, None, list_tools=list_tools))
+        assert [s.metadata["awm"]["verdict"] for s in episodes.real] == ["complete", "complete"]
+        responses[list_tools] = [tokenizer.decode(s.tokens[-s.response_length:]) for s in episodes.real]
+    for with_list, direct in zip(responses[True], responses[False], strict=True):
+        assert '"name": "list_tools"' in with_list and '"name": "list_tools"' not in direct
+        assert direct.lstrip().startswith('<tool_call>\n{"name": "call_tool"')
+        assert len(direct) < len(with_list)  # the catalogue observation is gone too

@@ -67,5 +67,6 @@ def test_two_rank_group_trains_saves_resumes_and_exports(ray_cluster, tmp_path):
     state = AutoModelForCausalLM.from_pretrained(reloaded, dtype=torch.float32).state_dict()
     for key, value in after_first.items():
         torch.testing.assert_close(state[key], value, atol=0, rtol=0, msg=key)
+    ray_cluster.get(trainer.close.remote())  # both ranks leave the gloo group together (a barrier, then destroy)
     ray_cluster.kill(trainer)
     ray_cluster.util.remove_placement_group(placement.group)
