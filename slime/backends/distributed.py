@@ -84,8 +84,9 @@ class DataParallel:
     def close(self) -> None:
         """Leave the process group together: a barrier, then destroy it.
 
-        A rank that exits while a peer still talks to it over gloo can abort in the transport's
-        threads ("terminate called without an active exception"), so every rank waits for the others.
+        Every rank waits for the others so that none tears its transport down while a peer still
+        talks to it. (It does not prevent a rare abort later, in interpreter finalization: see
+        tests/slime/dp_worker.py.)
         """
         if self.group is None and dist.is_initialized():
             self.barrier()

@@ -14,6 +14,18 @@ from awm_grpo.warmstart import SMALL_CONFIG, collect, sft, small_base
 from slime.arguments import parse_args
 
 
+def _reference_setup(tmp_path, model_dir, n: int):
+    """Runtime args as the warm start sets them (meta mode, bundled data) and the first n train prompts."""
+    splits = tmp_path / "splits"
+    prepare(splits, split_by="task", seed=42)
+    prompts = [json.loads(line) for line in (splits / "train.jsonl").read_text().splitlines()][:n]
+    args = parse_args(["--hf-checkpoint", str(model_dir), "--prompt-data", "unused.jsonl",
+                       "--rollout-batch-size", "1", "--num-rollout", "1", "--rollout-max-response-len", "2048"])
+    args.awm_tool_mode, args.awm_data_dir, args.awm_env_workers = "meta", None, 1
+    args.awm_max_observation_tokens, args.awm_max_turns = 256, 64
+    return args, prompts
+
+
 def test_small_base_is_built_with_the_small_config(tmp_path):
     config = AutoConfig.from_pretrained(small_base(tmp_path / "base", seed=0))
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "head_dim"):
@@ -21,13 +33,7 @@ def test_small_base_is_built_with_the_small_config(tmp_path):
 
 
 def test_sft_lowers_the_loss_on_played_reference_episodes(tmp_path, tiny_model_dir):
-    splits = tmp_path / "splits"
-    prepare(splits, split_by="task", seed=42)
-    prompts = [json.loads(line) for line in (splits / "train.jsonl").read_text().splitlines()][:3]
-    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", "unused.jsonl",
-                       "--rollout-batch-size", "1", "--num-rollout", "1", "--rollout-max-response-len", "2048"])
-    args.awm_tool_mode, args.awm_data_dir, args.awm_env_workers = "meta", None, 1
-    args.awm_max_observation_tokens, args.awm_max_turns = 256, 64
+    args, prompts = _reference_setup(tmp_path, tiny_model_dir, 3)
     episodes = asyncio.run(collect(args, prompts, None))
     assert len(episodes.real) == 3 and not episodes.renamable
     assert all(s.metadata["awm"]["verdict"] == "complete" for s in episodes.epoch(random.Random(0)))
@@ -40,13 +46,7 @@ def test_sft_lowers_the_loss_on_played_reference_episodes(tmp_path, tiny_model_d
 def test_reference_episodes_skip_list_tools_when_asked_and_still_verify(tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    splits = tmp_path / "splits"
-    prepare(splits, split_by="task", seed=42)
-    prompts = [json.loads(line) for line in (splits / "train.jsonl").read_text().splitlines()][:2]
-    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", "unused.jsonl",
-                       "--rollout-batch-size", "1", "--num-rollout", "1", "--rollout-max-response-len", "2048"])
-    args.awm_tool_mode, args.awm_data_dir, args.awm_env_workers = "meta", None, 1
-    args.awm_max_observation_tokens, args.awm_max_turns = 256, 64
+    args, prompts = _reference_setup(tmp_path, tiny_model_dir, 2)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     responses = {}
     for list_tools in (True, False):
