@@ -151,7 +151,10 @@ def split_tasks(tasks: list[Task], *, ratios: tuple[float, ...], seed: int, spli
     """Assign every task to train/val/test; by scenario, no scenario is in two splits.
 
     Tasks of renamed worlds (awm.scenarios.worlds) are training data: they go to train when their
-    real scenario does (split by task: always), never to val or test."""
+    real scenario does (split by task: always), never to val or test. A world task whose text is
+    word for word a val/test task's (nothing in it was renamed: `What is the base fare on flight AB
+    78?`) is dropped: its world keeps the numbers, so training on it would train on the held-out
+    answer."""
     if len(ratios) != len(SPLITS) or any(r < 0 for r in ratios) or abs(sum(ratios) - 1.0) > 1e-6:
         raise SplitError(f"--ratios {list(ratios)}: give three non-negative numbers that sum to 1")
     by_scenario: dict[str, list[Task]] = {}
@@ -174,6 +177,11 @@ def split_tasks(tasks: list[Task], *, ratios: tuple[float, ...], seed: int, spli
         chosen[0] += [t for n in names for t in renamed.get(n, [])]
     else:
         raise SplitError(f"--split-by {split_by!r}: use 'scenario' or 'task'")
+    held_out = {t.task for part in chosen[1:] for t in part}
+    leaking = [t for t in chosen[0] if t.world and t.task in held_out]
+    if leaking:
+        logger.info("dropped %d renamed-world tasks worded exactly as a val/test task", len(leaking))
+        chosen[0] = [t for t in chosen[0] if not (t.world and t.task in held_out)]
     out = dict(zip(SPLITS, chosen, strict=True))
     for name, ratio in zip(SPLITS, ratios, strict=True):
         if ratio > 0 and not out[name]:

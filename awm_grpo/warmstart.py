@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from awm_grpo import protocol
 from awm_grpo.counterfactual import counterfactuals, renamable
+from awm_grpo.drill import drill_episodes
 from awm_grpo.rollout import Policy, RolloutConfig, chat_encoder, play
 from slime.arguments import parse_args
 from slime.rollout.sglang_rollout import GenerateState
@@ -52,11 +53,38 @@ SMALL_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers"
                 "num_key_value_heads": 2, "head_dim": 16}
 
 
-def small_base(out_dir: str | Path, seed: int = 0) -> str:
-    """The from-scratch model of the embedded default (SMALL_CONFIG, the local 4,096-token tokenizer)."""
-    from slime.models.tiny import build_tiny_model
+# Domain text is repeated this many times in the tokenizer's training text, so that the environments'
+# words (tool names, field names, the tasks' vocabulary) win BPE merges over the standard library's:
+# `list_pharmacies` becomes 3 tokens instead of 8, and a small model that must recall and copy names
+# does so over fewer, more meaningful pieces.
+DOMAIN_WEIGHT = 5
 
-    return str(build_tiny_model(out_dir, seed=seed, **SMALL_CONFIG))
+
+def domain_corpus(data_dir: str | None, prompts: list[dict[str, Any]]) -> list[str]:
+    """Tokenizer training text from the environments the agent acts in: every runnable scenario's
+    code, DB schema and description, plus the given (train-split) task texts. Only train tasks: the
+    val/test tasks' wording must not shape the vocabulary the held-out figures are measured with."""
+    from awm.data import AWMDataset, bundled_data_dir
+
+    dataset = AWMDataset(data_dir or bundled_data_dir())
+    texts = []
+    for name in dataset.scenario_names(runnable_only=True):
+        scenario = dataset.scenario(name)
+        texts += [scenario.full_code or "", json.dumps(scenario.db_schema or {}, indent=2), scenario.description or ""]
+    texts += [str(record.get("metadata", {}).get("task", "")) for record in prompts]
+    return [t for t in texts if t]
+
+
+def small_base(out_dir: str | Path, seed: int = 0, domain: list[str] | None = None, layers: int | None = None) -> str:
+    """The from-scratch model of the embedded default (SMALL_CONFIG, a local 4,096-token tokenizer).
+
+    The tokenizer is trained on the standard-library files of slime.models.tiny plus `domain`
+    (DOMAIN_WEIGHT times) when given; `layers` overrides SMALL_CONFIG's depth."""
+    from slime.models.tiny import build_tiny_model, stdlib_corpus
+
+    config = {**SMALL_CONFIG, **({"num_hidden_layers": layers} if layers else {})}
+    corpus = stdlib_corpus() + domain * DOMAIN_WEIGHT if domain else None
+    return str(build_tiny_model(out_dir, seed=seed, corpus=corpus, **config))
 
 
 def reference_replies(solution: Any, tool_mode: str, list_tools: bool = True) -> list[str]:
@@ -224,6 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list-tools", action=argparse.BooleanOptionalAction, default=True,
                         help="meta mode: open each reference episode with list_tools (--no-list-tools: call "
                         "call_tool directly, the shorter episode a small model learns to copy names in)")
+    parser.add_argument("--tokenizer-corpus", default=None, choices=["domain", "stdlib"],
+                        help="from-scratch base only: train its tokenizer on the standard library plus the "
+                        "scenarios' code, schemas and train tasks (domain, the default), or on the standard "
+                        "library only")
+    parser.add_argument("--layers", type=int, default=None, help="from-scratch base only: transformer layers "
+                        f"(default {SMALL_CONFIG['num_hidden_layers']}; 6 did best on the practice set, 1.4x slower)")
+    parser.add_argument("--drill", type=int, default=0, metavar="N", help="first train on N synthetic copy-drill "
+                        "episodes (awm_grpo.drill; meta mode; 2000 did well for the 6-layer model)")
+    parser.add_argument("--drill-epochs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one step of this small model gains "
                         "nothing from more, and more slow down everything else on a busy machine)")
@@ -232,14 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.threads)
     out = Path(opts.out)
-    base = opts.base
-    if base is None:
-        base = small_base(out.parent / "small-base", seed=opts.seed)
     train = Path(opts.data) / "train.jsonl"
     if not train.is_file():
         raise SystemExit(f"{train} does not exist: write the splits first with `python -m awm_grpo.data_prep --out "
                          f"{opts.data}`")
     prompts = [json.loads(line) for line in train.read_text().splitlines() if line.strip()]
+    base = opts.base
+    if base is None:
+        domain = None if opts.tokenizer_corpus == "stdlib" else domain_corpus(opts.data_dir, prompts)
+        base = small_base(out.parent / "small-base", seed=opts.seed, domain=domain, layers=opts.layers)
+    elif opts.layers is not None or opts.tokenizer_corpus is not None:
+        raise SystemExit("--layers and --tokenizer-corpus shape the from-scratch base: drop them or --base")
     args = parse_args(["--hf-checkpoint", base, "--prompt-data", str(train), "--rollout-batch-size", "1",
                        "--num-rollout", "1", "--rollout-max-response-len", str(opts.max_response_len)])
     args.awm_tool_mode, args.awm_data_dir = opts.tool_mode, opts.data_dir
@@ -253,13 +293,24 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    drill_losses: list[float] = []
+    if opts.drill:
+        if opts.tool_mode != "meta":
+            raise SystemExit("--drill needs --tool-mode meta (its episodes call call_tool)")
+        drill = Episodes(None, 0, opts.max_response_len)
+        drill.real = drill_episodes(chat_encoder(GenerateState(args).tokenizer, RolloutConfig.from_args(args), []),
+                                    opts.drill, seed=opts.seed)
+        logger.info("copy drill: %d synthetic episodes x %d epochs first", opts.drill, opts.drill_epochs)
+        drill_losses = sft(model, drill, epochs=opts.drill_epochs, lr=opts.lr, seed=opts.seed, batch_size=8)
     losses = sft(model, episodes, epochs=opts.epochs, lr=opts.lr, seed=opts.seed, batch_size=opts.batch_size)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     GenerateState(args).tokenizer.save_pretrained(out)
     record = {"base": base, "episodes": len(episodes.real), "tokens": tokens, "epochs": opts.epochs, "lr": opts.lr,
               "batch_size": opts.batch_size, "losses": losses, "tool_mode": opts.tool_mode,
-              "counterfactuals": opts.counterfactuals, "list_tools": opts.list_tools}
+              "counterfactuals": opts.counterfactuals, "list_tools": opts.list_tools,
+              "tokenizer_corpus": None if opts.base else opts.tokenizer_corpus or "domain", "layers": opts.layers,
+              "drill": opts.drill, "drill_epochs": opts.drill_epochs if opts.drill else 0, "drill_losses": drill_losses}
     (out / "warmstart.json").write_text(json.dumps(record, indent=1))
     logger.info("saved %s (loss %.3f -> %.3f)", out, losses[0], losses[-1])
     return 0

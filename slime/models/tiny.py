@@ -122,7 +122,8 @@ def _chat_corpus() -> list[str]:
     return texts
 
 
-def _stdlib_corpus() -> list[str]:
+def stdlib_corpus() -> list[str]:
+    """The default tokenizer training text: the fixed standard-library files of CORPUS_FILES."""
     root = Path(sysconfig.get_paths()["stdlib"])
     texts = [(root / name).read_text(encoding="utf-8") for name in CORPUS_FILES if (root / name).is_file()]
     if not texts:
@@ -135,7 +136,7 @@ def _stdlib_corpus() -> list[str]:
 
 def build_tokenizer(vocab_size: int = 4096, corpus: list[str] | None = None) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE of exactly `vocab_size` ids (9 added tokens at the end, as in Qwen)."""
-    texts = (corpus if corpus is not None else _stdlib_corpus()) + _chat_corpus()
+    texts = (corpus if corpus is not None else stdlib_corpus()) + _chat_corpus()
     added = len(SPECIAL_TOKENS) + len(MARKER_TOKENS)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

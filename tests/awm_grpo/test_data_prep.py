@@ -169,3 +169,14 @@ def test_renamed_worlds_are_training_data_only():
         held_out_scenario = split_by == "scenario" and not plain["train"]
         assert len(mixed["train"]) == len(plain["train"]) + (0 if held_out_scenario else 20)
     assert renamed[0].base == "shop" and real[0].base == "shop"
+
+
+def test_world_tasks_worded_as_a_held_out_task_stay_out_of_train():
+    real = [Task("air", j, f"fare of flight {j}?", "info_seeking", "fare") for j in range(10)]
+    worlds = [Task(f"air_w{k}", j, f"fare of flight {j}?", "info_seeking", "fare", world=k) for k in (1, 2)
+              for j in range(10)]  # no name to rename: the same words, and the same fares in the world's DB
+    out = split_tasks(real + worlds, ratios=(0.6, 0.2, 0.2), seed=3, split_by="task")
+    held_out = {t.task for name in ("val", "test") for t in out[name]}
+    assert held_out and not any(t.task in held_out for t in out["train"])
+    train_worlds = [t for t in out["train"] if t.world]
+    assert len(train_worlds) == 2 * (10 - len(held_out))  # the others stay

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from awm_grpo.data_prep import prepare
-from awm_grpo.warmstart import SMALL_CONFIG, collect, sft, small_base
+from awm_grpo.warmstart import SMALL_CONFIG, collect, domain_corpus, sft, small_base
 from slime.arguments import parse_args
 
 
@@ -30,6 +30,28 @@ def test_small_base_is_built_with_the_small_config(tmp_path):
     config = AutoConfig.from_pretrained(small_base(tmp_path / "base", seed=0))
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "head_dim"):
         assert getattr(config, key) == SMALL_CONFIG[key], key  # a typo in how they reach the config is silent
+
+
+def test_domain_tokenizer_learns_the_scenarios_words_from_train_tasks_only(tmp_path):
+    from transformers import AutoTokenizer
+
+    splits = tmp_path / "splits"
+    prepare(splits, split_by="task", seed=42)
+    read = lambda name: [json.loads(line) for line in (splits / name).read_text().splitlines()]  # noqa: E731
+    train, held_out = read("train.jsonl"), read("val.jsonl") + read("test.jsonl")
+    corpus = domain_corpus(None, train)
+    assert any("def list_pharmacies" in text or "list_pharmacies" in text for text in corpus)  # scenario code
+    assert {r["metadata"]["task"] for r in train} <= set(corpus)
+    assert not {r["metadata"]["task"] for r in held_out} & set(corpus)
+
+    domain = AutoTokenizer.from_pretrained(small_base(tmp_path / "domain", domain=corpus, layers=3))
+    plain = AutoTokenizer.from_pretrained(small_base(tmp_path / "plain"))
+    assert AutoConfig.from_pretrained(tmp_path / "domain").num_hidden_layers == 3
+    assert len(domain) == len(plain) == 4096
+    for words in ("list_pharmacies", "book_appointment", "search_doctors"):
+        assert len(domain.encode(words, add_special_tokens=False)) < len(plain.encode(words, add_special_tokens=False))
+    text = "Request a refill of my prescription at Harbor View Pharmacy."
+    assert domain.decode(domain.encode(text, add_special_tokens=False)) == text
 
 
 def test_sft_lowers_the_loss_on_played_reference_episodes(tmp_path, tiny_model_dir):
@@ -57,3 +79,21 @@ def test_reference_episodes_skip_list_tools_when_asked_and_still_verify(tmp_path
         assert '"name": "list_tools"' in with_list and '"name": "list_tools"' not in direct
         assert direct.lstrip().startswith('<tool_call>\n{"name": "call_tool"')
         assert len(direct) < len(with_list)  # the catalogue observation is gone too
+
+
+def test_cli_builds_a_domain_base_drills_it_and_records_what_it_did(tmp_path, tiny_model_dir):
+    import pytest
+
+    from awm_grpo.warmstart import main
+
+    prepare(tmp_path / "splits", split_by="task", seed=42)
+    out = tmp_path / "ws"
+    assert main(["--data", str(tmp_path / "splits"), "--out", str(out), "--epochs", "1", "--drill", "8",
+                 "--drill-epochs", "2", "--layers", "1"]) == 0
+    record = json.loads((out / "warmstart.json").read_text())
+    assert record["tokenizer_corpus"] == "domain" and record["drill"] == 8 and len(record["drill_losses"]) == 2
+    assert record["drill_losses"][1] < record["drill_losses"][0] and len(record["losses"]) == 1
+    assert AutoConfig.from_pretrained(out).num_hidden_layers == 1
+    with pytest.raises(SystemExit, match="--layers and --tokenizer-corpus"):
+        main(["--data", str(tmp_path / "splits"), "--out", str(tmp_path / "x"), "--base", str(tiny_model_dir),
+              "--layers", "3"])
