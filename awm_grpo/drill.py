@@ -13,7 +13,8 @@ tool result into the final answer:
 
 The episodes are never played against an environment. Their tokens are built the way the rollout
 builds an episode (awm_grpo.counterfactual.rebuild: prompt, replies with the end-of-turn token, the
-chat template's observation deltas), in the meta-tool call format of the warm start's episodes.
+chat template's observation deltas), in the meta-tool call format of the warm start's episodes,
+with whatever system prompt the given encoder carries (the warm start gives none: see there).
 """
 
 from __future__ import annotations
