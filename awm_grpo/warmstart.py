@@ -12,8 +12,11 @@ reward and learns nothing. This stage gives the embedded CPU default a non-zero 
    --worlds K`, awm.scenarios.worlds) are real, verified training tasks with invented names, and
    `--counterfactuals K` adds K renamed copies of each practice episode (awm_grpo.counterfactual),
    drawn fresh every epoch so that no invented name is seen twice;
-3. the model is trained with masked next-token loss on the model tokens (loss mask 1 only);
-4. the result is saved as a Hugging Face folder, the recipe's `--hf-checkpoint`.
+3. a model built from scratch gets a tokenizer trained partly on the scenarios' own text
+   (`domain_corpus`) and, with `--drill N`, first learns to copy on synthetic episodes
+   (awm_grpo.drill);
+4. the model is trained with masked next-token loss on the model tokens (loss mask 1 only);
+5. the result is saved as a Hugging Face folder, the recipe's `--hf-checkpoint`.
 
     python -m awm_grpo.warmstart --data runs/awm_grpo/splits --out runs/awm_grpo/models/tiny-awm-sft
 """
@@ -48,8 +51,7 @@ logger = logging.getLogger("awm_grpo.warmstart")
 # embeddings), the model of most of the README's CPU figures. Wider ones train and serve 5-10x slower
 # on 2 cores (the 1.3M one did no better on held-out tasks); a deeper one is cheap, because the
 # 4,096 x 64 output layer dominates the compute: 6 layers (484k) train 1.4x slower and did best on
-# the practice set (README), measured there only. Build one with `python -m slime.models.tiny --out
-# DIR --set num_hidden_layers=6` and pass it as `--base DIR`.
+# the practice set (README), measured there only: `--layers 6`.
 SMALL_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "head_dim": 16}
 
@@ -269,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.threads)
+    if opts.drill and opts.tool_mode != "meta":
+        raise SystemExit("--drill needs --tool-mode meta (its episodes call call_tool)")
     out = Path(opts.out)
     train = Path(opts.data) / "train.jsonl"
     if not train.is_file():
@@ -296,8 +300,6 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     drill_losses: list[float] = []
     if opts.drill:
-        if opts.tool_mode != "meta":
-            raise SystemExit("--drill needs --tool-mode meta (its episodes call call_tool)")
         drill = Episodes(None, 0, opts.max_response_len)
         # No system prompt: copying is learnt much faster over a short context, and the skill carries
         # over to the real, prompted episodes (6-layer model, practice set, SFT loss after 4 epochs:
