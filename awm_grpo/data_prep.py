@@ -178,10 +178,10 @@ def split_tasks(tasks: list[Task], *, ratios: tuple[float, ...], seed: int, spli
     else:
         raise SplitError(f"--split-by {split_by!r}: use 'scenario' or 'task'")
     held_out = {t.task for part in chosen[1:] for t in part}
-    leaking = [t for t in chosen[0] if t.world and t.task in held_out]
-    if leaking:
-        logger.info("dropped %d renamed-world tasks worded exactly as a val/test task", len(leaking))
-        chosen[0] = [t for t in chosen[0] if not (t.world and t.task in held_out)]
+    train = [t for t in chosen[0] if not (t.world and t.task in held_out)]
+    if len(train) < len(chosen[0]):
+        logger.info("dropped %d renamed-world tasks worded exactly as a val/test task", len(chosen[0]) - len(train))
+    chosen[0] = train
     out = dict(zip(SPLITS, chosen, strict=True))
     for name, ratio in zip(SPLITS, ratios, strict=True):
         if ratio > 0 and not out[name]:

@@ -298,13 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    tokenizer = GenerateState(args).tokenizer
     drill_losses: list[float] = []
     if opts.drill:
         drill = Episodes(None, 0, opts.max_response_len)
         # No system prompt: copying is learnt much faster over a short context, and the skill carries
         # over to the real, prompted episodes (6-layer model, practice set, SFT loss after 4 epochs:
         # 0.38 after this drill, 0.56 after the same drill with the system prompt, 0.81 with none).
-        tokenizer = GenerateState(args).tokenizer
         short = ChatEncoder(tokenizer, "", None, {"enable_thinking": RolloutConfig.from_args(args).enable_thinking})
         drill.real = drill_episodes(short, opts.drill, seed=opts.seed)
         logger.info("copy drill: %d synthetic episodes x %d epochs first", opts.drill, opts.drill_epochs)
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     losses = sft(model, episodes, epochs=opts.epochs, lr=opts.lr, seed=opts.seed, batch_size=opts.batch_size)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    GenerateState(args).tokenizer.save_pretrained(out)
+    tokenizer.save_pretrained(out)
     record = {"base": base, "episodes": len(episodes.real), "tokens": tokens, "epochs": opts.epochs, "lr": opts.lr,
               "batch_size": opts.batch_size, "losses": losses, "tool_mode": opts.tool_mode,
               "counterfactuals": opts.counterfactuals, "list_tools": opts.list_tools,
