@@ -255,6 +255,10 @@ PROFILES: dict[str, dict[str, Any]] = {
         "optimizer.lr": 1e-5, "optimizer.weight_decay": 0.0,
         "grpo.kl_loss_coef": 0.0,
         "inference.engine_type": "cpu", "inference.max_response_len": 2048, "inference.engine_max_batch_size": 16,
+        # every episode of a step at once: one decode step of the CPU engine costs about the same for 8 or 16
+        "inference.sglang_server_concurrency": Derived(
+            lambda get, g: get("training.rollout_batch_size") * get("training.n_samples_per_prompt"),
+            "= rollout_batch_size x n_samples_per_prompt"),
         "environment.data_dir": None, "environment.max_turns": 8, "environment.max_tokens_per_turn": 128,
         "environment.max_observation_tokens": 256, "environment.env_workers": 1,
         "environment.enable_thinking": False, "environment.tool_timeout": 10.0, "environment.verifier_timeout": 10.0,

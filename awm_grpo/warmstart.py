@@ -78,16 +78,18 @@ def domain_corpus(data_dir: str | None, prompts: list[dict[str, Any]]) -> list[s
     return [t for t in texts if t]
 
 
-def small_base(out_dir: str | Path, seed: int = 0, domain: list[str] | None = None, layers: int | None = None) -> str:
+def small_base(out_dir: str | Path, seed: int = 0, domain: list[str] | None = None, layers: int | None = None,
+               split_whitespace: bool = False) -> str:
     """The from-scratch model of the embedded default (SMALL_CONFIG, a local 4,096-token tokenizer).
 
     The tokenizer is trained on the standard-library files of slime.models.tiny plus `domain`
-    (DOMAIN_WEIGHT times) when given; `layers` overrides SMALL_CONFIG's depth."""
+    (DOMAIN_WEIGHT times) when given, with whitespace as tokens of its own when `split_whitespace`
+    (slime.models.tiny.build_tokenizer); `layers` overrides SMALL_CONFIG's depth."""
     from slime.models.tiny import build_tiny_model, stdlib_corpus
 
     config = {**SMALL_CONFIG, **({"num_hidden_layers": layers} if layers else {})}
     corpus = stdlib_corpus() + domain * DOMAIN_WEIGHT if domain else None
-    return str(build_tiny_model(out_dir, seed=seed, corpus=corpus, **config))
+    return str(build_tiny_model(out_dir, seed=seed, corpus=corpus, split_whitespace=split_whitespace, **config))
 
 
 def reference_replies(solution: Any, tool_mode: str, list_tools: bool = True) -> list[str]:
@@ -259,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="from-scratch base only: train its tokenizer on the standard library plus the "
                         "scenarios' code, schemas and train tasks (domain, the default), or on the standard "
                         "library only")
+    parser.add_argument("--split-whitespace", action=argparse.BooleanOptionalAction, default=None,
+                        help="from-scratch base only: whitespace gets tokens of its own, so a name or number has "
+                        "the same ids in a tool result (`\"author\": \"Richard`) and in the answer (`by Richard`) "
+                        "and is copied token for token (default off)")
     parser.add_argument("--layers", type=int, default=None, help="from-scratch base only: transformer layers "
                         f"(default {SMALL_CONFIG['num_hidden_layers']}; 6 did best on the practice set, 1.4x slower)")
     parser.add_argument("--drill", type=int, default=0, metavar="N", help="first train on N synthetic copy-drill "
@@ -282,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     base = opts.base
     if base is None:
         domain = None if opts.tokenizer_corpus == "stdlib" else domain_corpus(opts.data_dir, prompts)
-        base = small_base(out.parent / "small-base", seed=opts.seed, domain=domain, layers=opts.layers)
-    elif opts.layers is not None or opts.tokenizer_corpus is not None:
-        raise SystemExit("--layers and --tokenizer-corpus shape the from-scratch base: drop them or --base")
+        base = small_base(out.parent / "small-base", seed=opts.seed, domain=domain, layers=opts.layers,
+                          split_whitespace=bool(opts.split_whitespace))
+    elif opts.layers is not None or opts.tokenizer_corpus is not None or opts.split_whitespace is not None:
+        raise SystemExit("--layers, --tokenizer-corpus and --split-whitespace shape the from-scratch base: drop them "
+                         "or --base")
     args = parse_args(["--hf-checkpoint", base, "--prompt-data", str(train), "--rollout-batch-size", "1",
                        "--num-rollout", "1", "--rollout-max-response-len", str(opts.max_response_len)])
     args.awm_tool_mode, args.awm_data_dir = opts.tool_mode, opts.data_dir
@@ -317,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
               "batch_size": opts.batch_size, "losses": losses, "tool_mode": opts.tool_mode,
               "counterfactuals": opts.counterfactuals, "list_tools": opts.list_tools,
               "tokenizer_corpus": None if opts.base else opts.tokenizer_corpus or "domain", "layers": opts.layers,
+              "split_whitespace": None if opts.base else bool(opts.split_whitespace),
               "drill": opts.drill, "drill_epochs": opts.drill_epochs if opts.drill else 0, "drill_losses": drill_losses}
     (out / "warmstart.json").write_text(json.dumps(record, indent=1))
     logger.info("saved %s (loss %.3f -> %.3f)", out, losses[0], losses[-1])

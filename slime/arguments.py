@@ -52,7 +52,7 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
 - ours: --engine-type (cpu; sglang launches real SGLang servers, GPU only, UNTESTED here),
   --rollout-router (none: rollouts spread groups over the engines themselves; slime: our router in
   front, slime/engine/router.py; sglang: sglang_router's launch_router, UNTESTED), --router-policy,
-  --ray-address, --ray-num-cpus, --engine-max-batch-size, --engine-seed
+  --ray-address, --ray-num-cpus, --engine-max-batch-size, --engine-seed, --engine-prefix-cache-tokens
 
 Not implemented: --data-source-path, --buffer-filter-path (the buffer uses `pop_first`), sample
 filters, sample hooks, --rm-type built-ins, --partial-rollout, --kl-coef (KL in the reward: use
@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--router-policy", default=None, help="sglang_router policy (e.g. consistent_hashing)")
     g.add_argument("--engine-max-batch-size", type=int, default=64, help="ours: CPU engine batch cap")
     g.add_argument("--engine-seed", type=int, default=0, help="ours: CPU engine sampling seed")
+    g.add_argument("--engine-prefix-cache-tokens", type=int, default=1 << 16,
+                   help="ours: CPU engine prefix KV cache budget in tokens (multi-turn prompts reuse the "
+                        "previous turn's KV); 0: off")
     g.add_argument("--ray-address", default=None, help="ours: join this Ray cluster instead of starting one")
     g.add_argument("--ray-num-cpus", type=int, default=8,
                    help="ours: logical CPUs of the local Ray cluster (may exceed the real cores)")

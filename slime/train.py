@@ -260,11 +260,14 @@ class Run:
         self.metrics.log(rollout_id, metrics)
         if self.bar is not None:
             self.bar.set_postfix(reward=f"{batch.reward:.3f}")
+        skipped = metrics.get("train/zero_advantage_samples")
         logger.info(
-            "step %d/%d reward=%.4f loss=%.4g logprob_diff=%.2e grad_norm=%.3g rollout %.1fs train %.1fs",
+            "step %d/%d reward=%.4f loss=%.4g logprob_diff=%.2e grad_norm=%.3g%s rollout %.1fs train %.1fs",
             rollout_id + 1, args.num_rollout, batch.reward, metrics.get("train/loss", math.nan),
             metrics.get("train/train_rollout_logprob_abs_diff", math.nan),
-            metrics.get("train/grad_norm", math.nan), batch.finished - batch.started, metrics["train/time_s"],
+            metrics.get("train/grad_norm", math.nan),
+            "" if skipped is None else f" zero-advantage samples {skipped:.0f}/{len(batch.samples)}",
+            batch.finished - batch.started, metrics["train/time_s"],
         )
         last = rollout_id + 1 == args.num_rollout
         if args.save and args.save_interval and ((rollout_id + 1) % args.save_interval == 0 or last):

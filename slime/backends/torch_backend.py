@@ -60,6 +60,10 @@ class TrainerConfig:
     recompute_logits: bool = False  # recompute only the LM-head chunks in backward
     logits_chunk_tokens: int = 4096
     fsdp_param_dtype: str | None = None  # FSDP2 compute dtype, e.g. "bfloat16"; weights stay fp32
+    # Leave samples with zero advantage on every trained token out of the forward/backward when the loss
+    # has no entropy or KL term: their per-token loss is -rho * 0 = 0, so the gradient is unchanged (the
+    # divisor still counts them). GRPO groups whose rewards all agree are such samples.
+    skip_zero_advantage: bool = True
 
 
 class TorchTrainer:
@@ -205,6 +209,13 @@ class TorchTrainer:
         if not sft and config.kl_loss_coef != 0.0 and ref_log_probs is None:
             ref_log_probs = self.compute_ref_log_probs(samples, temperature)
         divisor = self._global_divisor(samples, config, loss_divisor)
+        skipped = 0
+        if not sft and self.skips_zero_advantage(config):
+            keep = [i for i, (s, a) in enumerate(zip(samples, adv, strict=True)) if trains_anything(s, a)]
+            skipped = len(samples) - len(keep)
+            samples, adv = [samples[i] for i in keep], [adv[i] for i in keep]
+            old_log_probs = [old_log_probs[i] for i in keep]
+            ref_log_probs = None if ref_log_probs is None else [ref_log_probs[i] for i in keep]
 
         self.runner.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -250,6 +261,10 @@ class TorchTrainer:
                     weighted[key] = weighted.get(key, 0.0) + float(value) * n
 
         lr = self.optimizer.param_groups[0]["lr"]
+        for group in self.optimizer.param_groups:  # nothing trained: a zero gradient, as the full step had
+            for p in group["params"]:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         grad_norm = self._clip_and_step()
         sums, weighted, tokens, micro_batches = self._combine_ranks(sums, weighted, tokens, len(plan))
         result = dict(sums)
@@ -259,10 +274,15 @@ class TorchTrainer:
             lr=lr,
             tokens=float(tokens),
             num_micro_batches=float(micro_batches),
+            zero_advantage_samples=self.dp.sum([skipped])[0],
             skipped=float(not math.isfinite(grad_norm)),
             step_time_s=time.perf_counter() - started,
         )
         return result
+
+    def skips_zero_advantage(self, config: PolicyLossConfig) -> bool:
+        """Whether `train_step` leaves zero-advantage samples out (exact only without entropy / KL terms)."""
+        return self.config.skip_zero_advantage and config.entropy_coef == 0.0 and config.kl_loss_coef == 0.0
 
     def _per_token(self, mb: MicroBatch, filler: MicroBatch | None, values: Any) -> Tensor | None:
         """Per-token values of the step's samples as `mb`'s [B, R] tensor (zeros for a filler batch)."""
@@ -409,6 +429,12 @@ def _as_model(model: torch.nn.Module | str | os.PathLike) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
 
 
+def trains_anything(sample: Sample, advantages: Sequence[float]) -> bool:
+    """Whether any loss-masked token of `sample` has a non-zero advantage (per-token `advantages`)."""
+    mask = sample.loss_mask if sample.loss_mask is not None else [1] * len(advantages)
+    return any(a != 0.0 and m for a, m in zip(advantages, mask, strict=True))
+
+
 def _token_advantages(
     samples: Sequence[Sample], advantages: Sequence[float | Sequence[float]] | None
 ) -> list[list[float]]:
@@ -419,10 +445,11 @@ def _token_advantages(
         raise ValueError(
             f"{len(samples)} samples but {len(advantages)} advantages: give one entry per sample"
         )
-    out = []
-    for sample, value in zip(samples, advantages, strict=True):
-        if isinstance(value, numbers.Real) or (isinstance(value, Tensor) and value.dim() == 0):
-            out.append([float(value)] * sample.response_length)
-        else:
-            out.append([float(v) for v in value])
-    return out
+    return [token_advantages(sample, value) for sample, value in zip(samples, advantages, strict=True)]
+
+
+def token_advantages(sample: Sample, value: float | Sequence[float]) -> list[float]:
+    """One sample's advantage per response token; a number is spread over the whole response."""
+    if isinstance(value, numbers.Real) or (isinstance(value, Tensor) and value.dim() == 0):
+        return [float(value)] * sample.response_length
+    return [float(v) for v in value]

@@ -24,7 +24,7 @@ import torch
 from slime.algorithms.estimators import policy_loss_type
 from slime.algorithms.losses import PolicyLossConfig
 from slime.backends.distributed import init_data_parallel, shard_by_tokens
-from slime.backends.torch_backend import TorchTrainer, TrainerConfig
+from slime.backends.torch_backend import TorchTrainer, TrainerConfig, token_advantages, trains_anything
 from slime.utils.types import Sample
 
 
@@ -167,13 +167,19 @@ class TrainWorker:
         mine = sorted(i for part in parts for i in part)
         metrics: dict[str, float] = {}
         old: dict[int, list[float]] = {}
+        config = self.policy_config() if not sft else PolicyLossConfig(
+            aggregation="token_mean" if args.calculate_per_token_loss else "sequence_mean")
         if not sft and not args.use_rollout_logprobs:
             started = time.perf_counter()
-            values = self.trainer.compute_log_probs([samples[i] for i in mine], temperature)
-            old = dict(zip(mine, values, strict=True))
+            needed = mine
+            if self.trainer.skips_zero_advantage(config):  # train_step leaves them out: no old log-probs needed
+                needed = [i for i in mine if trains_anything(samples[i], token_advantages(samples[i], advantages[i]))]
+            values = self.trainer.compute_log_probs([samples[i] for i in needed], temperature)
+            old = dict(zip(needed, values, strict=True))
+            old.update({i: [0.0] * samples[i].response_length for i in mine if i not in old})
             metrics["train/log_probs_time_s"] = time.perf_counter() - started
             diffs = [
-                abs(a - b) for i in mine if samples[i].rollout_log_probs is not None
+                abs(a - b) for i in needed if samples[i].rollout_log_probs is not None
                 for a, b, m in zip(old[i], samples[i].rollout_log_probs,
                                    samples[i].loss_mask or [1] * samples[i].response_length, strict=True)
                 if m
@@ -181,8 +187,6 @@ class TrainWorker:
             worst = self.trainer.dp.max([max(diffs) if diffs else -1.0])[0]
             if worst >= 0:
                 metrics["train/train_rollout_logprob_abs_diff_max"] = worst
-        config = self.policy_config() if not sft else PolicyLossConfig(
-            aggregation="token_mean" if args.calculate_per_token_loss else "sequence_mean")
         per_step = []
         for part in parts:
             per_step.append(self.trainer.train_step(
@@ -194,6 +198,7 @@ class TrainWorker:
                 use_rollout_logprobs=args.use_rollout_logprobs,
                 loss_type=loss_type,
             ))
-        for key in per_step[0]:
-            metrics[f"train/{key}"] = sum(m[key] for m in per_step) / len(per_step)
+        for key in dict.fromkeys(k for m in per_step for k in m):  # a step that trained nothing lacks token metrics
+            values = [m[key] for m in per_step if key in m]
+            metrics[f"train/{key}"] = sum(values) / len(values)
         return metrics

@@ -5,6 +5,11 @@ admits waiting requests (prefilling only the new prompts and splicing their KV c
 running batch, left-padded), samples one token for every running request, retires finished ones and
 runs one forward pass for the rest. Aborts, weight reloads and pauses take effect between steps.
 
+Prefix cache (`slime.engine.prefix_cache`): the KV of every finished request is kept (LRU, a token
+budget) and a new request whose first tokens match one is prefilled only past the match, alone, then
+spliced into the batch; a multi-turn rollout's next turn so skips re-reading the conversation so far.
+`cached_tokens` in each completion says how many prompt tokens came from it. Weight updates clear it.
+
 Log-probs: the log-prob of a sampled token is `log_softmax(logits / temperature)` over the full
 vocabulary, taken before top-k / top-p / min-p truncation (SGLang's default). Greedy requests
 (temperature 0) count as temperature 1 there, as SGLang does. `min_new_tokens` and
@@ -28,6 +33,8 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
+
+from slime.engine.prefix_cache import Hit, PrefixCache
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +104,7 @@ class Completion:
     finish_reason: dict[str, Any]
     weight_version: str
     latency_s: float
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass
@@ -110,6 +118,8 @@ class _Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_ids: frozenset[int] = frozenset()
+    cached_tokens: int = 0
+    kv_version: int = -1  # the weights its KV was computed with (Batcher._version_counter at prefill)
 
 
 class Batcher:
@@ -123,6 +133,7 @@ class Batcher:
         seed: int = 0,
         max_batch_size: int = 64,
         batch_wait_s: float = 0.005,
+        prefix_cache_tokens: int = 1 << 16,
     ):
         self.model_path = model_path
         self.model = self._load(model_path)
@@ -130,6 +141,7 @@ class Batcher:
         self.seed = seed
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.weight_version = "0"
         self._version_counter = 0
         self._eos_ids = self._eos_token_ids()
@@ -196,6 +208,10 @@ class Batcher:
         return self._command("update_weights", model_path=model_path, weight_version=weight_version,
                              abort_all=abort_all)
 
+    def flush_prefix_cache(self) -> concurrent.futures.Future:
+        """Empty the prefix cache (in the batching thread, between steps)."""
+        return self._command("flush_cache")
+
     def set_paused(self, paused: bool) -> None:
         """Pause in place: running requests keep their state and resume on unpause."""
         with self._cond:
@@ -209,7 +225,7 @@ class Batcher:
     def load(self) -> dict[str, int]:
         with self._cond:
             return {"num_running_reqs": len(self._active), "num_waiting_reqs": len(self._pending),
-                    **self.stats}
+                    **self.stats, **{f"prefix_cache_{k}": v for k, v in self.prefix_cache.stats.items()}}
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Abort everything, stop the thread and wait for it."""
@@ -292,6 +308,10 @@ class Batcher:
         with self._cond:
             name, kwargs, future = self._commands.popleft()
         try:
+            if name == "flush_cache":
+                self.prefix_cache.clear()
+                future.set_result(True)
+                return
             if name != "update_weights":
                 raise ValueError(f"unknown engine command {name!r}")
             model = self._load(kwargs["model_path"])
@@ -302,6 +322,7 @@ class Batcher:
                 )
             self.model = model
             self.model_path = kwargs["model_path"]
+            self.prefix_cache.clear()  # KV of the old weights
             self._version_counter += 1
             self.weight_version = kwargs["weight_version"] or str(self._version_counter)
             future.set_result(self.weight_version)
@@ -317,14 +338,32 @@ class Batcher:
         with self._cond:
             room = self.max_batch_size - len(self._active)
             new = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
-        ready = []
+        misses = []
         for request in new:
             if request.params.max_new_tokens == 0:
                 self._finish(request, {"type": "length", "length": 0})
+                continue
+            hit = self.prefix_cache.get(request.prompt_ids)
+            if hit is None:
+                misses.append(request)
             else:
-                ready.append(request)
-        if ready:
-            self._prefill(ready)
+                self._prefill_cached(request, hit)
+        if misses:
+            self._prefill(misses)
+
+    @torch.inference_mode()
+    def _prefill_cached(self, request: _Request, hit: Hit) -> None:
+        """Prefill one request past its cached prefix (positions hit.n ..), then join the batch."""
+        suffix = request.prompt_ids[hit.n:]
+        total = len(request.prompt_ids)
+        cache = DynamicCache(ddp_cache_data=hit.layers, config=self.model.config)
+        mask = torch.ones((1, total), dtype=torch.long)
+        out = self.model(input_ids=torch.tensor([suffix]), attention_mask=mask,
+                         position_ids=torch.arange(hit.n, total).view(1, -1), past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        request.cached_tokens = hit.n
+        request.kv_version = self._version_counter
+        self._join([request], out.past_key_values, mask, torch.tensor([total]), out.logits[:, -1, :].float())
 
     @torch.inference_mode()
     def _prefill(self, requests: list[_Request]) -> None:
@@ -340,15 +379,18 @@ class Batcher:
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1, :].float()
-        next_pos = mask.sum(-1)
+        for request in requests:
+            request.kv_version = self._version_counter
+        self._join(requests, out.past_key_values, mask, mask.sum(-1), out.logits[:, -1, :].float())
+
+    def _join(self, requests: list[_Request], cache: DynamicCache, mask: torch.Tensor, next_pos: torch.Tensor,
+              logits: torch.Tensor) -> None:
+        """Add freshly prefilled requests (their cache, mask, next positions, last logits) to the batch."""
         if not self._active:
-            self._active, self._cache, self._mask = requests, out.past_key_values, mask
+            self._active, self._cache, self._mask = requests, cache, mask
             self._positions, self._logits = next_pos, logits
             return
-        self._cache, self._mask = _merge_caches(
-            self._cache, self._mask, out.past_key_values, mask, self.model.config
-        )
+        self._cache, self._mask = _merge_caches(self._cache, self._mask, cache, mask, self.model.config)
         self._active = self._active + requests
         self._positions = torch.cat([self._positions, next_pos])
         self._logits = torch.cat([self._logits, logits])
@@ -368,6 +410,7 @@ class Batcher:
             if reason is None:
                 kept.append(row)
             else:
+                self._remember(row, request)
                 self._finish(request, reason)
         self._select_rows(kept)
         if not self._active:
@@ -416,6 +459,17 @@ class Batcher:
             return {"type": "length", "length": len(request.output_ids)}
         return None
 
+    def _remember(self, row: int, request: _Request) -> None:
+        """Keep a finished row's KV in the prefix cache: prompt + output, but the last token (never fed)."""
+        if not self.prefix_cache.enabled or request.kv_version != self._version_counter:
+            return  # a request that lived through a weight update holds KV of both weights
+        n = len(request.prompt_ids) + len(request.output_ids) - 1
+        if int(self._mask[row].sum()) != n or not bool(self._mask[row, -n:].all()):
+            logger.warning("prefix cache: row %d does not hold its %d tokens contiguously; not cached", row, n)
+            return
+        layers = [(k[row : row + 1, :, -n:], v[row : row + 1, :, -n:]) for k, v in _cache_tensors(self._cache)]
+        self.prefix_cache.put(request.prompt_ids + request.output_ids[:-1], layers)
+
     def _finish(self, request: _Request, reason: dict[str, Any]) -> None:
         if request.future.done():
             return
@@ -427,6 +481,7 @@ class Batcher:
             finish_reason=reason,
             weight_version=self.weight_version,
             latency_s=time.perf_counter() - request.created,
+            cached_tokens=request.cached_tokens,
         ))
 
     def _select_rows(self, rows: list[int]) -> None:

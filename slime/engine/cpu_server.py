@@ -7,9 +7,10 @@ SIGTERM / SIGINT (in-flight requests end with finish_reason abort). In-process (
 
     engine = CPUEngine(model_dir); url = engine.start(); ...; engine.shutdown()
 
-Batching, sampling and the log-prob definition live in `batcher.py`. Differences from SGLang: no
-prefix cache (`/flush_cache` only checks that nothing runs and answers 503 otherwise, which
-`http_utils` retries), no streaming, `/pause_generation` always pauses in place.
+Batching, sampling and the log-prob definition live in `batcher.py`. Differences from SGLang: the
+prefix cache keeps whole finished sequences, not a radix tree of pages (`prefix_cache.py`;
+`/flush_cache` empties it when nothing runs and answers 503 otherwise, which `http_utils` retries),
+no streaming, `/pause_generation` always pauses in place.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def completion_json(
         "finish_reason": reason,
         "prompt_tokens": len(completion.prompt_ids),
         "completion_tokens": len(completion.output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": completion.cached_tokens,
         "weight_version": completion.weight_version,
         "e2e_latency": completion.latency_s,
     }
@@ -133,6 +134,7 @@ def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
     async def flush_cache() -> PlainTextResponse:
         if not batcher.is_idle():
             return PlainTextResponse("Cache not flushed: requests are running; retry.", status_code=503)
+        await asyncio.wrap_future(batcher.flush_prefix_cache())
         return PlainTextResponse("Cache flushed.")
 
     @app.post("/abort_request")
@@ -225,10 +227,12 @@ class CPUEngine(RolloutEngine):
         seed: int = 0,
         max_batch_size: int = 64,
         batch_wait_s: float = 0.005,
+        prefix_cache_tokens: int = 1 << 16,
     ):
         self.model_path = str(model_path)
         self.host, self.port = host, port
         self.seed, self.max_batch_size, self.batch_wait_s = seed, max_batch_size, batch_wait_s
+        self.prefix_cache_tokens = prefix_cache_tokens
         self.batcher: Batcher | None = None
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -269,7 +273,8 @@ class CPUEngine(RolloutEngine):
     def _prepare(self, on_started: Callable[[], None] | None = None) -> tuple[_Server, socket.socket]:
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.batcher = Batcher(self.model_path, tokenizer=tokenizer, seed=self.seed,
-                               max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s)
+                               max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s,
+                               prefix_cache_tokens=self.prefix_cache_tokens)
         app = build_app(self.batcher, tokenizer, self.model_path)
         # Bind first so that port 0 resolves to a real port before anyone is told the URL.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -292,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="server seed for requests without sampling_seed")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--prefix-cache-tokens", type=int, default=1 << 16,
+                        help="KV of finished requests kept for prompts that extend them (tokens; 0: off)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.num_threads:
@@ -300,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))
     engine = CPUEngine(args.model_path, host=args.host, port=args.port, seed=args.seed,
-                       max_batch_size=args.max_batch_size)
+                       max_batch_size=args.max_batch_size, prefix_cache_tokens=args.prefix_cache_tokens)
     engine.serve_forever(on_started=lambda: print(f"cpu_server listening on {engine.url}", flush=True))
 
 if __name__ == "__main__":

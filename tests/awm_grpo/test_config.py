@@ -77,6 +77,8 @@ def test_derived_defaults_follow_the_values_they_derive_from(tmp_path):
     assert got.sources["paths.ref_checkpoint"] == "profile cpu: = paths.hf_checkpoint"
     got = cpu(env={"AWM_DATA_DIR": str(tmp_path / "awm1k")})
     assert got["paths.splits_dir"].endswith("runs/awm_grpo/splits/awm1k")
+    assert cpu()["inference.sglang_server_concurrency"] == 16  # every episode of a CPU step at once
+    assert cpu(env={"ROLLOUT_BATCH_SIZE": "3", "N_SAMPLES_PER_PROMPT": "8"})["inference.sglang_server_concurrency"] == 24
 
 
 def test_relative_paths_resolve_against_their_source(tmp_path):

@@ -94,6 +94,6 @@ def test_cli_builds_a_domain_base_drills_it_and_records_what_it_did(tmp_path, ti
     assert record["tokenizer_corpus"] == "domain" and record["drill"] == 8 and len(record["drill_losses"]) == 2
     assert record["drill_losses"][1] < record["drill_losses"][0] and len(record["losses"]) == 1
     assert AutoConfig.from_pretrained(out).num_hidden_layers == 1
-    with pytest.raises(SystemExit, match="--layers and --tokenizer-corpus"):
+    with pytest.raises(SystemExit, match="--layers, --tokenizer-corpus and --split-whitespace shape"):
         main(["--data", str(tmp_path / "splits"), "--out", str(tmp_path / "x"), "--base", str(tiny_model_dir),
               "--layers", "3"])

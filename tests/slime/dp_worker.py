@@ -2,7 +2,8 @@
 
     python dp_worker.py MODEL_DIR OUT RANK WORLD PORT BACKEND [--save DIR] [--load DIR]
 
-Trains a fixed rollout with the policy loss (2 optimizer steps, per-token advantages on one sample),
+Trains a fixed rollout with the policy loss (2 optimizer steps, per-token advantages on one sample,
+two samples with zero advantage),
 then a second rollout with the SFT loss, through `TrainWorker` (sharding, old log-probs, steps);
 rank 0 writes the final full weights and both steps' metrics to OUT (torch.save). --save writes a
 checkpoint after the first rollout; --load starts from a checkpoint and trains the second only.
@@ -40,6 +41,8 @@ def samples(n: int, seed: int) -> list[Sample]:
 def advantages(batch: list[Sample]) -> list[float | list[float]]:
     adv: list[float | list[float]] = [(-1.0) ** i * (0.5 + 0.1 * i) for i in range(len(batch))]
     adv[1] = [0.2 * j - 0.3 for j in range(batch[1].response_length)]  # per-token advantages
+    if len(batch) > 5:  # zero-advantage samples are left out of the step: a rank may train nothing in it
+        adv[4] = adv[5] = 0.0
     return adv
 
 

@@ -158,6 +158,25 @@ def test_unsupported_sampling_param_is_a_400(engine, prompts):
     assert reply.status_code == 400 and "frequency_penaltyy" in reply.json()["error"]["message"]
 
 
+def test_next_turn_reuses_the_previous_turns_kv_with_the_same_log_probs(engine, model, tokenizer, prompts):
+    httpx.post(f"{engine.url}/flush_cache").raise_for_status()
+    first = _generate(engine, prompts[4], max_new_tokens=16, temperature=1.0, ignore_eos=True, sampling_seed=3)
+    observation = tokenizer("<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+                            "<|im_start|>assistant\n")["input_ids"]
+    turn2 = prompts[4] + first["output_ids"] + observation
+    second = _generate(engine, turn2, max_new_tokens=16, temperature=0.8, ignore_eos=True, sampling_seed=5)
+    info = httpx.get(f"{engine.url}/get_server_info").json()
+
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert second["meta_info"]["cached_tokens"] == len(prompts[4]) + 16 - 1  # the last output token was never fed
+    got = torch.tensor([lp for lp, _, _ in second["meta_info"]["output_token_logprobs"]])
+    assert torch.allclose(got, _reference_logprobs(model, turn2, second["output_ids"], 0.8), atol=1e-5, rtol=0)
+    assert info["prefix_cache_hits"] >= 1
+    httpx.post(f"{engine.url}/flush_cache").raise_for_status()
+    again = _generate(engine, turn2, max_new_tokens=16, temperature=0.8, ignore_eos=True, sampling_seed=5)
+    assert again["meta_info"]["cached_tokens"] == 0 and again["output_ids"] == second["output_ids"]
+
+
 def test_control_endpoints(engine):
     assert engine.health()
     assert httpx.get(f"{engine.url}/health_generate", timeout=30).status_code == 200
@@ -212,8 +231,9 @@ def test_update_weights_from_disk_changes_outputs(engine, model, model_dir, prom
     assert torch.allclose(got, _reference_logprobs(perturbed, prompts[5], after["output_ids"], 1.0), atol=1e-5)
     assert bad.status_code == 400 and bad.json()["success"] is False
     assert restored == "2"
-    assert _generate(engine, prompts[5], max_new_tokens=16, temperature=0, ignore_eos=True)["output_ids"] == (
-        before["output_ids"])
+    final = _generate(engine, prompts[5], max_new_tokens=16, temperature=0, ignore_eos=True)
+    assert final["output_ids"] == before["output_ids"]
+    assert after["meta_info"]["cached_tokens"] == final["meta_info"]["cached_tokens"] == 0  # updates empty it
 
 
 def test_standalone_server_prints_url_serves_and_exits_on_sigterm(model_dir):

@@ -137,7 +137,7 @@ def runs(tmp_path_factory):
 def test_two_replica_ranks_match_one_rank(runs):
     _finish(_launch(runs / "model", runs / "replicas.pt", 2, "torch"))
     one, two = torch.load(runs / "one.pt"), torch.load(runs / "replicas.pt")
-    assert one["metrics"][0]["train/num_micro_batches"] >= 2  # the rollout really was split
+    assert one["metrics"][0]["train/num_micro_batches"] > 1  # the rollout really was split (mean of 2 steps)
     _assert_same_run(one, two)
 
 

@@ -131,3 +131,25 @@ def test_cli_overrides_reach_the_config_and_bad_ones_fail(tmp_path, capsys):
     for bad in ("hidden_size", "hidden_size=big", "no_such_field=3"):
         with pytest.raises(SystemExit):
             tiny.main(["--out", str(tmp_path / "x"), "--set", bad])
+
+
+def test_split_whitespace_gives_a_word_the_same_ids_after_a_space_or_a_quote():
+    from slime.models.tiny import build_tokenizer
+
+    corpus = ['"author": "Richard Powers", "price": 4.59\n' * 50, "The book is by Richard Powers and costs 4.59.\n" * 50]
+    attached, split = build_tokenizer(600, corpus), build_tokenizer(600, corpus, split_whitespace=True)
+
+    def ids_of(tok, text: str, word: str) -> list[int]:
+        """The ids of `word` where it occurs in `text` (by character offsets)."""
+        enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
+        start = text.index(word)
+        return [i for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+                if a >= start - 1 and b <= start + len(word) and text[a:b].strip(' "')]
+
+    result, answer = '{"author": "Richard Powers", "price": 4.59}', "It is by Richard Powers for 4.59."
+    for word in ("Richard Powers", "4.59"):
+        assert ids_of(split, result, word) == ids_of(split, answer, word)
+    assert ids_of(attached, result, "Richard") != ids_of(attached, answer, "Richard")  # ` Richard` vs `Richard`
+    for text in (result, answer, "  indented\n\tlines  "):
+        assert split.decode(split(text)["input_ids"]) == text
+    assert len(split(answer)["input_ids"]) > len(attached(answer)["input_ids"])  # the price: one id a space

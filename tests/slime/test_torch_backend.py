@@ -176,13 +176,48 @@ def test_micro_batches_accumulate_to_the_whole_batch_update(gradient_checkpointi
     assert m_split["grad_norm"] == pytest.approx(m_whole["grad_norm"], rel=1e-5)
     assert m_split["entropy"] == pytest.approx(m_whole["entropy"], abs=1e-5)
     assert_same_params(g_whole, g_split, atol=1e-5)
-    # Adam's first step moves each weight by about lr * sign(g): where a gradient is float noise
-    # around 0 its sign (and so the step) is arbitrary, so compare the weights where |g| is real.
-    after_whole, after_split = params(whole.model), params(split.model)
-    for key, g in g_whole.items():
+    _assert_same_update_where_the_gradient_is_real(whole, split, g_whole)
+
+
+def _assert_same_update_where_the_gradient_is_real(a: TorchTrainer, b: TorchTrainer, grads: dict) -> None:
+    """Adam's first step moves each weight by about lr * sign(g): where a gradient is float noise
+    around 0 its sign (and so the step) is arbitrary, so compare the weights where |g| is real."""
+    after_a, after_b = params(a.model), params(b.model)
+    compared = 0
+    for key, g in grads.items():
         real = g.abs() > 1e-5
-        assert real.any()
-        torch.testing.assert_close(after_whole[key][real], after_split[key][real], atol=1e-5, rtol=0, msg=key)
+        compared += int(real.sum())
+        torch.testing.assert_close(after_a[key][real], after_b[key][real], atol=1e-5, rtol=0, msg=key)
+    assert compared > 0.1 * sum(g.numel() for g in grads.values())
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean"])
+def test_zero_advantage_samples_are_left_out_with_the_same_gradient_and_update(aggregation):
+    samples = mixed_samples() + [sample(6, 5, 5, loss_mask=[1, 0, 1, 1, 0])]
+    # samples 1 and 3 have zero advantage; sample 4's only non-zero advantage sits on a masked token
+    advantages = [0.7, 0.0, [0.0] * 5 + [0.4] * 5, 0.0, [0.0, 2.0, 0.0, 0.0, 0.0]]
+    config = PolicyLossConfig(aggregation=aggregation)
+    base = tiny_model()
+    full = TorchTrainer(copy.deepcopy(base), TrainerConfig(lr=1e-3, skip_zero_advantage=False))
+    lean = TorchTrainer(copy.deepcopy(base), TrainerConfig(lr=1e-3))
+    m_full, g_full = _step_recording_grads(full, samples, advantages, config)
+    m_lean, g_lean = _step_recording_grads(lean, samples, advantages, config)
+
+    assert (m_full["zero_advantage_samples"], m_lean["zero_advantage_samples"]) == (0, 3)
+    assert m_lean["tokens"] == 7 + 10 < m_full["tokens"]
+    assert m_lean["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5)
+    assert_same_params(g_full, g_lean, atol=1e-6)
+    _assert_same_update_where_the_gradient_is_real(full, lean, g_full)
+    # no sample to train: the optimizer still steps on a zero gradient (Adam's momentum moves on), as before
+    g_full = dict(g_full)  # the recording hook stays installed: keep the first step's gradients
+    m_none = lean.train_step(samples[1:2], [0.0], config)
+    full.train_step(samples[1:2], [0.0], config)
+    assert m_none["tokens"] == 0 and m_none["grad_norm"] == 0.0 and "entropy" not in m_none
+    assert lean.step == full.step == 2
+    _assert_same_update_where_the_gradient_is_real(full, lean, g_full)
+    # an entropy or KL term makes every token count: nothing is left out
+    with_entropy = PolicyLossConfig(aggregation=aggregation, entropy_coef=0.01)
+    assert lean.train_step(samples, advantages, with_entropy)["zero_advantage_samples"] == 0
 
 
 def test_kl_loss_uses_the_reference_model():
