@@ -211,7 +211,7 @@ class TorchTrainer:
         divisor = self._global_divisor(samples, config, loss_divisor)
         skipped = 0
         if not sft and self.skips_zero_advantage(config):
-            keep = [i for i, (s, a) in enumerate(zip(samples, adv, strict=True)) if trains_anything(s, a)]
+            keep = self.trained_indices(samples, adv, config)
             skipped = len(samples) - len(keep)
             samples, adv = [samples[i] for i in keep], [adv[i] for i in keep]
             old_log_probs = [old_log_probs[i] for i in keep]
@@ -283,6 +283,15 @@ class TorchTrainer:
     def skips_zero_advantage(self, config: PolicyLossConfig) -> bool:
         """Whether `train_step` leaves zero-advantage samples out (exact only without entropy / KL terms)."""
         return self.config.skip_zero_advantage and config.entropy_coef == 0.0 and config.kl_loss_coef == 0.0
+
+    def trained_indices(
+        self, samples: Sequence[Sample], advantages: Sequence[float | Sequence[float]], config: PolicyLossConfig
+    ) -> list[int]:
+        """Indices of the samples a policy `train_step` trains on (all, unless zero-advantage ones are skipped)."""
+        if not self.skips_zero_advantage(config):
+            return list(range(len(samples)))
+        return [i for i, (sample, value) in enumerate(zip(samples, advantages, strict=True))
+                if _trains_anything(sample, _sample_token_advantages(sample, value))]
 
     def _per_token(self, mb: MicroBatch, filler: MicroBatch | None, values: Any) -> Tensor | None:
         """Per-token values of the step's samples as `mb`'s [B, R] tensor (zeros for a filler batch)."""
@@ -429,7 +438,7 @@ def _as_model(model: torch.nn.Module | str | os.PathLike) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
 
 
-def trains_anything(sample: Sample, advantages: Sequence[float]) -> bool:
+def _trains_anything(sample: Sample, advantages: Sequence[float]) -> bool:
     """Whether any loss-masked token of `sample` has a non-zero advantage (per-token `advantages`)."""
     mask = sample.loss_mask if sample.loss_mask is not None else [1] * len(advantages)
     return any(a != 0.0 and m for a, m in zip(advantages, mask, strict=True))
@@ -445,10 +454,10 @@ def _token_advantages(
         raise ValueError(
             f"{len(samples)} samples but {len(advantages)} advantages: give one entry per sample"
         )
-    return [token_advantages(sample, value) for sample, value in zip(samples, advantages, strict=True)]
+    return [_sample_token_advantages(sample, value) for sample, value in zip(samples, advantages, strict=True)]
 
 
-def token_advantages(sample: Sample, value: float | Sequence[float]) -> list[float]:
+def _sample_token_advantages(sample: Sample, value: float | Sequence[float]) -> list[float]:
     """One sample's advantage per response token; a number is spread over the whole response."""
     if isinstance(value, numbers.Real) or (isinstance(value, Tensor) and value.dim() == 0):
         return [float(value)] * sample.response_length

@@ -24,7 +24,7 @@ import torch
 from slime.algorithms.estimators import policy_loss_type
 from slime.algorithms.losses import PolicyLossConfig
 from slime.backends.distributed import init_data_parallel, shard_by_tokens
-from slime.backends.torch_backend import TorchTrainer, TrainerConfig, token_advantages, trains_anything
+from slime.backends.torch_backend import TorchTrainer, TrainerConfig
 from slime.utils.types import Sample
 
 
@@ -171,9 +171,9 @@ class TrainWorker:
             aggregation="token_mean" if args.calculate_per_token_loss else "sequence_mean")
         if not sft and not args.use_rollout_logprobs:
             started = time.perf_counter()
-            needed = mine
-            if self.trainer.skips_zero_advantage(config):  # train_step leaves them out: no old log-probs needed
-                needed = [i for i in mine if trains_anything(samples[i], token_advantages(samples[i], advantages[i]))]
+            # train_step leaves zero-advantage samples out when it can: they need no old log-probs
+            trained = self.trainer.trained_indices([samples[i] for i in mine], [advantages[i] for i in mine], config)
+            needed = [mine[j] for j in trained]
             values = self.trainer.compute_log_probs([samples[i] for i in needed], temperature)
             old = dict(zip(needed, values, strict=True))
             old.update({i: [0.0] * samples[i].response_length for i in mine if i not in old})
