@@ -153,8 +153,8 @@ def split_tasks(tasks: list[Task], *, ratios: tuple[float, ...], seed: int, spli
     Tasks of renamed worlds (awm.scenarios.worlds) are training data: they go to train when their
     real scenario does (split by task: always), never to val or test. A world task whose text is
     word for word a val/test task's (nothing in it was renamed: `What is the base fare on flight AB
-    78?`) is dropped: its world keeps the numbers, so training on it would train on the held-out
-    answer."""
+    78?`) is dropped: its world keeps the codes and numbers (amounts too, unless built with
+    --vary-amounts), so training on it would train on the held-out task itself."""
     if len(ratios) != len(SPLITS) or any(r < 0 for r in ratios) or abs(sum(ratios) - 1.0) > 1e-6:
         raise SplitError(f"--ratios {list(ratios)}: give three non-negative numbers that sum to 1")
     by_scenario: dict[str, list[Task]] = {}

@@ -71,17 +71,19 @@ def _rows(src: Any, code: str, practice: bool = False) -> dict[str, list[dict]]:
     return rows
 
 
-def render(practice: bool = False, names: list[str] | None = None, worlds: int = 0) -> dict[str, str]:
+def render(practice: bool = False, names: list[str] | None = None, worlds: int = 0,
+           vary_amounts: bool = False) -> dict[str, str]:
     """File name -> exact text of every file in data/ (or of the practice set), of `names` or all scenarios.
 
-    `worlds` (practice set only): also that many renamed worlds of each scenario with task families."""
+    `worlds` (practice set only): also that many renamed worlds of each scenario with task families;
+    `vary_amounts`: their prices and balances rescaled too (awm.scenarios.worlds)."""
     from awm.scenarios.worlds import world
 
     merged: dict[str, list[dict]] = {}
     for name in names or scenario_names():
         src = _source(name)
         code = (HERE / name / "app.py").read_text(encoding="utf-8")
-        sources = [src] + ([world(src, k, code=code) for k in range(1, worlds + 1)]
+        sources = [src] + ([world(src, k, code=code, vary_amounts=vary_amounts) for k in range(1, worlds + 1)]
                            if practice and getattr(src, "FAMILIES", None) else [])
         for one in sources:
             for stage, rows in _rows(one, code, practice).items():
@@ -98,16 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", nargs="+", help="with --practice: only these scenarios")
     parser.add_argument("--worlds", type=int, default=0, metavar="K", help="with --practice: also K renamed worlds "
                         "of each scenario (awm.scenarios.worlds: invented names, family instances only; training data)")
+    parser.add_argument("--vary-amounts", action="store_true", help="with --worlds: also rescale each world's "
+                        "prices, fares and balances (REAL columns), so answers must be read, not recalled")
     args = parser.parse_args(argv)
     if args.worlds and not args.practice:
         parser.error("--worlds needs --practice")
+    if args.vary_amounts and not args.worlds:
+        parser.error("--vary-amounts needs --worlds")
     if args.practice:
         out = Path(args.practice)
         out.mkdir(parents=True, exist_ok=True)
         unknown = sorted(set(args.scenarios or []) - set(scenario_names()))
         if unknown:
             parser.error(f"unknown scenarios {unknown}: choose from {scenario_names()}")
-        files = render(practice=True, names=args.scenarios, worlds=args.worlds)
+        files = render(practice=True, names=args.scenarios, worlds=args.worlds, vary_amounts=args.vary_amounts)
         for name, text in files.items():
             tmp = out / f".{name}.tmp"
             tmp.write_text(text, encoding="utf-8")

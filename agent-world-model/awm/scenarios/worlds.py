@@ -13,8 +13,12 @@ is replayed and verified like any other, and an RL rollout gets real tool result
 training only (awm_grpo.data_prep never puts them in val/test): held-out tasks keep the real names.
 
 Left alone: strings the environment code itself quotes (enums such as 'available', API constants),
-lowercase words, codes and numbers, e-mail addresses, long text. Numbers (prices, years, ids) are the
-same as in the original world.
+lowercase words, codes and numbers, e-mail addresses, long text. Numbers (years, counts, ids) are the
+same as in the original world, and so are amounts unless `vary_amounts`: then every value of a REAL
+column (a price, a fare, a balance, a fee) is rescaled by its own random factor in [0.5, 2], keeping
+its number of decimals (0 stays 0), so that an answer like "$189.00" must be read from a tool result,
+not recalled from the training instances' answers. Slot queries and verifiers read the world's own
+DB, so every instance stays consistent; the build replays and verifies them all.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import ast
 import random
 import re
+import sqlite3
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,6 +36,9 @@ _KEEP = re.compile(r"^(?:.{1,3}|.*\d.*|.*\.)$")  # short words, words with digit
 _LITERAL = re.compile(r"'((?:[^']|'')*)'")  # a SQL string literal ('' is an escaped quote)
 _NAME_WORD = re.compile(r"^[A-Z][a-z]{2,}")
 MAX_WORDS = 6
+_INSERT = re.compile(r"^(INSERT INTO\s+(\w+)\s*\(([^)]*)\)\s*VALUES\s*\()(.*)(\);?\s*)$", re.S | re.I)
+_NUMBER = re.compile(r"^-?\d+(?:\.(\d+))?$")
+_AMOUNT_TYPES = ("REAL", "FLOA", "DOUB", "NUMERIC", "DECIMAL")  # SQLite's REAL/NUMERIC affinities
 
 
 def invent_like(value: str, rng: random.Random) -> str:
@@ -98,12 +106,75 @@ def rename_sample(sample: list[dict[str, Any]], code: str, rng: random.Random) -
     return tables, mapping
 
 
-def world(scenario: Any, k: int, *, code: str, seed: int = 0) -> SimpleNamespace:
+def amount_columns(tables: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Table -> its columns declared with a REAL or NUMERIC type (as SQLite itself reads the DDL)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for t in tables:
+            conn.execute(t["ddl"])
+        return {t["name"]: {row[1] for row in conn.execute(f"PRAGMA table_info({t['name']})")
+                            if any(a in (row[2] or "").upper() for a in _AMOUNT_TYPES)} for t in tables}
+    finally:
+        conn.close()
+
+
+def split_values(text: str) -> list[str]:
+    """The top-level comma-separated items of a VALUES list (quotes and parentheses respected)."""
+    items, depth, quoted, start = [], 0, False, 0
+    for i, c in enumerate(text):
+        if c == "'":
+            quoted = not quoted  # '' (an escaped quote) toggles twice
+        elif not quoted and c in "()":
+            depth += 1 if c == "(" else -1
+        elif not quoted and depth == 0 and c == ",":
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
+
+
+def rescale_amounts(sample: list[dict[str, Any]], tables: list[dict[str, Any]], rng: random.Random,
+                    low: float = 0.5, high: float = 2.0) -> tuple[list[dict[str, Any]], int]:
+    """The sample tables with every literal amount (REAL column) times its own factor in [low, high].
+
+    Keeps the literal's decimals and sign; 0 stays 0 (free stays free); an amount written as an
+    expression, or an INSERT without a column list, is left as it is. Returns (tables, amounts changed)."""
+    columns = amount_columns(tables)
+    changed = 0
+
+    def rescale(statement: str) -> str:
+        nonlocal changed
+        m = _INSERT.match(statement.strip())
+        if not m or not columns.get(m.group(2)):
+            return statement
+        names = [c.strip() for c in m.group(3).split(",")]
+        values = split_values(m.group(4))
+        if len(names) != len(values):
+            raise ValueError(f"cannot match columns to values in: {statement}")
+        for i, (name, value) in enumerate(zip(names, values, strict=True)):
+            number = _NUMBER.match(value.strip())
+            if name in columns[m.group(2)] and number and float(value) != 0:
+                decimals = len(number.group(1) or "")
+                new = round(float(value) * rng.uniform(low, high), decimals)
+                if new == 0 or f"{new:.{decimals}f}" == value.strip():  # never 0, never unchanged
+                    new = float(value) + (10 ** -decimals) * (1 if float(value) > 0 else -1)
+                values[i] = f" {new:.{decimals}f}" if value.startswith(" ") else f"{new:.{decimals}f}"
+                changed += 1
+        return m.group(1) + ",".join(values) + m.group(5)
+
+    out = [{**t, "insert_statements": [rescale(s) for s in t["insert_statements"]]} for t in sample]
+    return out, changed
+
+
+def world(scenario: Any, k: int, *, code: str, seed: int = 0, vary_amounts: bool = False) -> SimpleNamespace:
     """Renamed world number `k` (>= 1) of a scenario module: `<NAME>_w<k>`, no hand-written tasks.
 
-    The same (seed, k) always gives the same names; `mapping` records every renaming."""
+    The same (seed, k) always gives the same names (and amounts); `mapping` records every renaming."""
     rng = random.Random(f"{scenario.NAME}/{seed}/{k}")
     sample, mapping = rename_sample(scenario.SAMPLE, code, rng)
+    amounts = 0
+    if vary_amounts:
+        sample, amounts = rescale_amounts(sample, scenario.TABLES, random.Random(f"{scenario.NAME}/{seed}/{k}/amounts"))
     return SimpleNamespace(NAME=f"{scenario.NAME}_w{k}", DESCRIPTION=scenario.DESCRIPTION, TABLES=scenario.TABLES,
                            SAMPLE=sample, TASKS=[], PROBES=scenario.PROBES,
-                           FAMILIES=getattr(scenario, "FAMILIES", []), world=k, mapping=mapping)
+                           FAMILIES=getattr(scenario, "FAMILIES", []), world=k, mapping=mapping, amounts=amounts)
