@@ -112,7 +112,7 @@ def amount_columns(tables: list[dict[str, Any]]) -> dict[str, set[str]]:
     try:
         for t in tables:
             conn.execute(t["ddl"])
-        return {t["name"]: {row[1] for row in conn.execute(f"PRAGMA table_info({t['name']})")
+        return {t["name"]: {row[1] for row in conn.execute(f'PRAGMA table_info("{t["name"]}")')
                             if any(a in (row[2] or "").upper() for a in _AMOUNT_TYPES)} for t in tables}
     finally:
         conn.close()
