@@ -8,7 +8,10 @@ Every key of the YAML given by `--custom-config-path` is `setattr` onto `args` (
 Supported slime flags, by group (defaults are slime's unless marked "ours"):
 
 - cluster: --actor-num-nodes, --actor-num-gpus-per-node, --num-gpus-per-node, --rollout-num-gpus,
-  --rollout-num-gpus-per-engine, --colocate, --distributed-timeout-minutes, --train-backend:
+  --rollout-num-gpus-per-engine, --colocate, --offload, --offload-train, --offload-rollout (the
+  colocated memory hand-over: engines release memory while the trainer trains, the trainer moves to
+  host memory while engines generate; on by default under --colocate with SGLang engines),
+  --distributed-timeout-minutes, --train-backend:
   `torch` (HF model; N = actor nodes x GPUs per node data-parallel ranks, gradients summed over
   gloo on CPU / nccl on GPU), `fsdp` (ours, slime's old FSDP backend name: the torch backend with
   FSDP2 parameter/gradient/optimizer sharding, required on GPU for Qwen3-4B on 80 GB cards; `--bf16`
@@ -22,7 +25,7 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
 - rollout: --rollout-batch-size, --n-samples-per-prompt, --over-sampling-batch-size,
   --rollout-temperature, --rollout-top-p, --rollout-top-k, --rollout-max-response-len,
   --rollout-max-prompt-len, --rollout-max-context-len, --rollout-stop, --rollout-stop-token-ids, --rollout-skip-special-tokens,
-  --sglang-server-concurrency, --sglang-router-ip, --sglang-router-port
+  --sglang-server-concurrency, --sglang-mem-fraction-static, --sglang-router-ip, --sglang-router-port
 - plugins: --rollout-function-path, --eval-function-path (default: the rollout function, called
   with evaluation=True), --custom-generate-function-path, --custom-rm-path, --group-rm, --reward-key,
   --dynamic-sampling-filter-path, --custom-config-path, --custom-rollout-log-function-path and
@@ -111,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="devices for engines (default: 1 engine; = actor devices under --colocate)")
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
     g.add_argument("--colocate", action="store_true", help="train actor and engines share bundles")
+    g.add_argument("--offload", action="store_true", help="= --offload-train --offload-rollout")
+    g.add_argument("--offload-train", action=argparse.BooleanOptionalAction, default=None,
+                   help="trainer weights and optimizer state go to host memory while engines generate "
+                        "(default: on under --colocate with --engine-type sglang)")
+    g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction, default=None,
+                   help="engines release weights and KV cache while the trainer trains; weights are re-sent "
+                        "every step (default: on under --colocate with --engine-type sglang)")
     g.add_argument("--train-backend", default="torch", choices=["torch", "fsdp", "megatron"],
                    help="torch: replicated data parallel; fsdp: FSDP2 sharding; megatron: megatron-core model, TP=PP=1")
     g.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
@@ -161,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-stop-token-ids", type=int, nargs="+", default=None)
     g.add_argument("--rollout-skip-special-tokens", action="store_true")
     g.add_argument("--sglang-server-concurrency", type=int, default=512)
+    g.add_argument("--sglang-mem-fraction-static", type=float, default=None,
+                   help="SGLang's --mem-fraction-static (weights + KV cache share of GPU memory; sglang engines)")
     g.add_argument("--sglang-router-ip", default=None, help="set by the trainer to the engine it starts")
     g.add_argument("--sglang-router-port", type=int, default=None)
 
@@ -317,6 +329,15 @@ def finalize_args(args: argparse.Namespace) -> None:
         raise ArgumentError("--update-weight-transport nccl needs --engine-type sglang (the CPU engine loads from disk)")
     if args.rollout_num_gpus is None:
         args.rollout_num_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node if args.colocate else 1
+    # slime: --colocate implies both offloads. The CPU engine shares host memory, not a GPU, so there
+    # they stay off unless asked for.
+    share_gpu = args.colocate and args.engine_type == "sglang"
+    for name in ("offload_train", "offload_rollout"):
+        if getattr(args, name) is None:
+            setattr(args, name, bool(args.offload or share_gpu))
+    if args.offload_rollout and args.update_weights_interval != 1:
+        raise ArgumentError("--offload-rollout releases the engines' weights during every train step, so they "
+                            "must be re-sent every step: use --update-weights-interval 1")
     if args.rollout_num_gpus % args.rollout_num_gpus_per_engine:
         raise ArgumentError("--rollout-num-gpus must be a multiple of --rollout-num-gpus-per-engine")
     if args.save_interval is not None and not args.save:

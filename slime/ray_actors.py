@@ -157,6 +157,13 @@ class TrainActor:
         """Drop the NCCL update group (engines changed); the next tensor sync forms a new one."""
         self._fan_out("reset_tensor_sync")
 
+    def offload(self) -> None:
+        """Every rank moves its weights and optimizer state to host memory (--offload-train)."""
+        self._fan_out("offload")
+
+    def onload(self) -> None:
+        self._fan_out("onload")
+
     def close(self) -> None:
         """Every rank leaves its process groups together (before Ray tears the actors down)."""
         self._fan_out("close")

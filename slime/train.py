@@ -6,6 +6,13 @@ update_weights_from_disk)  ->  eval every `--eval-interval` (+ eval log hook). B
 the trainer's weights are pushed once, so the engines serve exactly what the trainer holds (also
 after a resume). `python -m slime.train_async` runs the same pieces one step off-policy.
 
+Colocated GPUs (`--offload-rollout`, `--offload-train`; both on under `--colocate` with SGLang):
+after the rollout the engines release weights and KV cache and the trainer's state comes back from
+host memory; after training and saving the engines get their weight memory back and the weights are
+synced, then the trainer moves to host memory and the engines get their KV cache back. (slime
+offloads the trainer before the sync; here the sync reads the weights on the GPU, where FSDP's
+gathers run.) The PPO critic is not moved.
+
 Resume: with `--load` pointing at a `--save` directory that holds a checkpoint, weights, optimizer,
 RNG and the next step come from the checkpoint and the prompt source's position from
 `{load}/rollout/global_dataset_state_dict_{step}.pt` (slime's `DataSource.save/load` file);
@@ -154,6 +161,8 @@ class Run:
             start = args.start_rollout_id
         await self.engines.start()
         await self.sync_weights(start)  # engines serve the trainer's weights from the first step
+        if args.offload_train:
+            await self.trainer.offload.remote()  # the first rollout has the GPU
         return start
 
     async def sync_weights(self, version: int) -> None:
@@ -179,6 +188,27 @@ class Run:
         self.metrics.log(step, metrics, kind="eval")
         logger.info("eval after %d steps: %s", step,
                     " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, int | float)))
+
+    # ---- colocated GPUs: slime's memory hand-over (--offload-rollout / --offload-train) ----------
+
+    async def hand_gpu_to_trainer(self) -> None:
+        """After a rollout: the engines release weights and KV cache, the trainer's state comes back."""
+        if self.args.offload_rollout:
+            await self.engines.release_memory()
+        if self.args.offload_train:
+            await self.trainer.onload.remote()
+
+    async def resume_engine_weights(self) -> None:
+        """After training (and saving), before the weight sync: the engines re-allocate their weights."""
+        if self.args.offload_rollout:
+            await self.engines.resume_memory(["weights"])
+
+    async def hand_gpu_to_engines(self) -> None:
+        """After the weight sync: the trainer moves to host memory, the engines get their KV cache back."""
+        if self.args.offload_train:
+            await self.trainer.offload.remote()
+        if self.args.offload_rollout:
+            await self.engines.resume_memory(["kv_cache", "cuda_graph"])
 
     # ---- the pieces of a step ------------------------------------------------------------------
 
@@ -276,11 +306,13 @@ class Run:
                 await self.critic.save.remote(args.save, rollout_id)
             path = await self.trainer.save.remote(args.save, rollout_id, {"next_rollout_id": rollout_id + 1})
             logger.info("saved %s", path)
+        await self.resume_engine_weights()
         eval_due = bool(args.eval_interval) and (rollout_id + 1) % args.eval_interval == 0
         if eval_due or ((rollout_id + 1) % args.update_weights_interval == 0 and not last):
             if in_flight is not None:
                 await asyncio.wait([in_flight])  # its errors surface where the loop awaits it
             await self.sync_weights(rollout_id + 1)
+        await self.hand_gpu_to_engines()
         if eval_due:
             await self.evaluate(rollout_id + 1)
 
@@ -300,6 +332,7 @@ class Run:
         start = await self.start()
         for rollout_id in range(start, self.args.num_rollout):
             batch = await self.generate(rollout_id)
+            await self.hand_gpu_to_trainer()
             metrics = await self.train(batch)
             await self.end_step(batch, metrics)
             self.bar.update()

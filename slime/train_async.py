@@ -27,12 +27,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from slime.arguments import ArgumentError
 from slime.train import Run, StepBatch
 from slime.train import main as _main
 
 
 class AsyncRun(Run):
     """The synchronous run's pieces, scheduled one step off-policy (see the module docstring)."""
+
+    def __init__(self, args: Any):
+        if args.offload_train or args.offload_rollout:
+            raise ArgumentError("train_async generates while it trains, so trainer and engines cannot hand one GPU "
+                                "back and forth: drop --colocate / --offload* (slime runs colocated only synchronously)")
+        super().__init__(args)
 
     def _spawn(self, rollout_id: int) -> tuple[asyncio.Task, dict[str, Any]]:
         """Start step `rollout_id`'s generation; also return the data position before its draws."""

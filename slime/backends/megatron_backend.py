@@ -55,10 +55,11 @@ def apply_cpu_shims() -> None:
     mg_random.CudaRNGStatesTracker.fork = lambda self, *args, **kwargs: contextlib.nullcontext()
 
 
-def init_model_parallel() -> None:
-    """A process group (one rank if none exists yet) and Megatron's parallel state with TP = PP = 1."""
+def init_model_parallel(seed: int) -> None:
+    """A process group (one rank if none exists yet), Megatron's parallel state with TP = PP = 1 and,
+    on GPU, Megatron's CUDA RNG tracker (its attention forks the tracker's state even without dropout)."""
     import torch.distributed as dist
-    from megatron.core import parallel_state
+    from megatron.core import parallel_state, tensor_parallel
 
     if not dist.is_initialized():
         with socket.socket() as sock:
@@ -68,6 +69,8 @@ def init_model_parallel() -> None:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
+    if torch.cuda.is_available() and not tensor_parallel.get_cuda_rng_tracker().is_initialized():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
 def build_gpt_model(hf_config: Any, *, recompute: bool = False) -> torch.nn.Module:
@@ -141,8 +144,13 @@ class MegatronTrainer(TorchTrainer):
         if dp is not None and dp.fsdp:
             raise ValueError("--train-backend megatron shards nothing yet: drop FSDP")
         config = config or TrainerConfig()
+        cuda = torch.cuda.is_available()
+        device = torch.device(device if device is not None else "cuda" if cuda else "cpu")
+        if cuda and device.type != "cuda":
+            raise ValueError("--train-backend megatron runs on the GPU where CUDA is available: megatron-core puts "
+                             "rotary embeddings and RNG state on the current CUDA device; pass device='cuda'")
         apply_cpu_shims()
-        init_model_parallel()
+        init_model_parallel(seed=torch.initial_seed() % 2**31)
         self.hf_config = AutoConfig.from_pretrained(model_path)
         recompute = config.gradient_checkpointing
         config = TrainerConfig(**{**config.__dict__, "gradient_checkpointing": False,

@@ -119,6 +119,13 @@ class TrainWorker:
             self._tensor_sync.close()
             self._tensor_sync = None
 
+    def offload(self) -> None:
+        """Free this rank's GPU for colocated engines (--offload-train); `onload` before training."""
+        self.trainer.offload()
+
+    def onload(self) -> None:
+        self.trainer.onload()
+
     def close(self) -> None:
         """Drop the weight-sync group and leave the training group (all ranks call it)."""
         self.reset_tensor_sync()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -14,7 +15,7 @@ class EngineError(RuntimeError):
 
 
 class RolloutEngine(abc.ABC):
-    """start / generate / health / flush / update weights / pause / abort / shutdown over HTTP."""
+    """start / generate / health / flush / update weights / pause / release memory / abort / shutdown over HTTP."""
 
     url: str = ""
     request_timeout_s: float = 600.0
@@ -66,6 +67,15 @@ class RolloutEngine(abc.ABC):
 
     def continue_generation(self) -> None:
         self._call("POST", "/continue_generation", {})
+
+    def release_memory_occupation(self) -> None:
+        """Free the engine's model memory (weights, KV cache, CUDA graphs) for a colocated trainer.
+        Generation fails until `resume_memory_occupation`; released weights must be re-sent."""
+        self._call("POST", "/release_memory_occupation", {})
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """Re-allocate the given memory kinds (`weights`, `kv_cache`, `cuda_graph`; all when None)."""
+        self._call("POST", "/resume_memory_occupation", {"tags": list(tags)} if tags is not None else {})
 
     def abort(self, rid: str | None = None) -> None:
         """Abort one request by rid, or all requests when rid is None."""

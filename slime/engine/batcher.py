@@ -10,6 +10,11 @@ budget) and a new request whose first tokens match one is prefilled only past th
 spliced into the batch; a multi-turn rollout's next turn so skips re-reading the conversation so far.
 `cached_tokens` in each completion says how many prompt tokens came from it. Weight updates clear it.
 
+Memory release (SGLang's `release_memory_occupation`, for a trainer that shares the machine): the
+weights go to the meta device and the caches are dropped; requests are refused until the weights are
+resumed, which re-allocates them uninitialised (as SGLang does without a CPU backup): the trainer
+must send weights next.
+
 Log-probs: the log-prob of a sampled token is `log_softmax(logits / temperature)` over the full
 vocabulary, taken before top-k / top-p / min-p truncation (SGLang's default). Greedy requests
 (temperature 0) count as temperature 1 there, as SGLang does. `min_new_tokens` and
@@ -46,6 +51,13 @@ _LOAD_LOCK = threading.Lock()  # one model load at a time per process
 
 class BadRequestError(ValueError):
     """A generate request the engine cannot serve; the HTTP layer answers 400 with this message."""
+
+
+class ReleasedError(RuntimeError):
+    """The engine's memory is released; the HTTP layer answers 503 with this message."""
+
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's; the CPU engine has no CUDA graphs
 
 
 @dataclass
@@ -153,6 +165,7 @@ class Batcher:
         self._commands: deque[tuple[str, dict, concurrent.futures.Future]] = deque()
         self._paused = False
         self._stopping = False
+        self._released: set[str] = set()  # memory tags released, see release_memory
         self.stats = {"decode_steps": 0, "max_running_reqs": 0, "generated_tokens": 0}
         # Running batch: requests, KV cache, attention mask (B, T), next position (B,), logits (B, V).
         self._active: list[_Request] = []
@@ -188,6 +201,9 @@ class Batcher:
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the engine is shut down")
+            if self._released:
+                raise ReleasedError(f"the engine's memory is released ({', '.join(sorted(self._released))}): "
+                                    "POST /resume_memory_occupation, then send weights")
             self._pending.append(request)
             self._cond.notify_all()
         return request.future
@@ -211,6 +227,14 @@ class Batcher:
     def flush_prefix_cache(self) -> concurrent.futures.Future:
         """Empty the prefix cache (in the batching thread, between steps)."""
         return self._command("flush_cache")
+
+    def release_memory(self) -> concurrent.futures.Future:
+        """Free the weights and caches (between steps; fails while requests run or wait)."""
+        return self._command("release_memory")
+
+    def resume_memory(self, tags: list[str] | None = None) -> concurrent.futures.Future:
+        """Re-allocate the released memory kinds in `tags` (all when None); weights come back uninitialised."""
+        return self._command("resume_memory", tags=list(MEMORY_TAGS) if tags is None else list(tags))
 
     def set_paused(self, paused: bool) -> None:
         """Pause in place: running requests keep their state and resume on unpause."""
@@ -312,8 +336,18 @@ class Batcher:
                 self.prefix_cache.clear()
                 future.set_result(True)
                 return
+            if name == "release_memory":
+                self._release_memory()
+                future.set_result(True)
+                return
+            if name == "resume_memory":
+                self._resume_memory(kwargs["tags"])
+                future.set_result(True)
+                return
             if name != "update_weights":
                 raise ValueError(f"unknown engine command {name!r}")
+            if "weights" in self._released:
+                raise ReleasedError("the weights are released: resume_memory_occupation(['weights']) first")
             model = self._load(kwargs["model_path"])
             if model.config.vocab_size != self.model.config.vocab_size:
                 raise ValueError(
@@ -328,6 +362,26 @@ class Batcher:
             future.set_result(self.weight_version)
         except Exception as exc:
             future.set_exception(exc)
+
+    def _release_memory(self) -> None:
+        with self._cond:
+            busy = len(self._active) + len(self._pending)
+        if busy:
+            raise RuntimeError(f"{busy} requests are running or waiting: finish or abort them before releasing memory")
+        self.model.to("meta")  # frees every weight; the module keeps its structure and config
+        self.prefix_cache.clear()
+        self._reset_batch()
+        with self._cond:
+            self._released = set(MEMORY_TAGS)
+
+    def _resume_memory(self, tags: list[str]) -> None:
+        unknown = sorted(set(tags) - set(MEMORY_TAGS))
+        if unknown:
+            raise ValueError(f"unknown memory tags {unknown}: use {list(MEMORY_TAGS)}")
+        if "weights" in tags and "weights" in self._released:
+            self.model.to_empty(device="cpu")
+        with self._cond:
+            self._released -= set(tags)
 
     def _admit(self) -> None:
         with self._cond:

@@ -10,7 +10,8 @@ SIGTERM / SIGINT (in-flight requests end with finish_reason abort). In-process (
 Batching, sampling and the log-prob definition live in `batcher.py`. Differences from SGLang: the
 prefix cache keeps whole finished sequences, not a radix tree of pages (`prefix_cache.py`;
 `/flush_cache` empties it when nothing runs and answers 503 otherwise, which `http_utils` retries),
-no streaming, `/pause_generation` always pauses in place.
+no streaming, `/pause_generation` always pauses in place, and `/release_memory_occupation` frees the
+weights and caches in host memory (generation answers 503 until `/resume_memory_occupation`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from transformers import AutoTokenizer
 
 from slime.engine.base import EngineError, RolloutEngine
-from slime.engine.batcher import BadRequestError, Batcher, Completion, SamplingParams
+from slime.engine.batcher import BadRequestError, Batcher, Completion, ReleasedError, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,10 @@ def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
     @app.exception_handler(BadRequestError)
     async def bad_request(_: Request, exc: BadRequestError) -> JSONResponse:
         return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+
+    @app.exception_handler(ReleasedError)
+    async def released(_: Request, exc: ReleasedError) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(exc)}}, status_code=503)
 
     @app.post("/generate")
     async def generate(request: Request) -> JSONResponse:
@@ -158,6 +163,23 @@ def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
                                  "num_paused_requests": 0}, status_code=400)
         return JSONResponse({"success": True, "num_paused_requests": 0,
                              "message": f"Succeeded to update model weights (version {new_version})."})
+
+    @app.post("/release_memory_occupation")
+    async def release_memory_occupation() -> JSONResponse:
+        try:
+            await asyncio.wrap_future(batcher.release_memory())
+        except RuntimeError as exc:
+            return JSONResponse({"success": False, "message": f"Failed to release memory: {exc}"}, status_code=400)
+        return JSONResponse({"success": True, "message": "Succeeded to release memory occupation."})
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory_occupation(request: Request) -> JSONResponse:
+        body = await request.json() if await request.body() else {}
+        try:
+            await asyncio.wrap_future(batcher.resume_memory(body.get("tags")))
+        except (RuntimeError, ValueError) as exc:
+            return JSONResponse({"success": False, "message": f"Failed to resume memory: {exc}"}, status_code=400)
+        return JSONResponse({"success": True, "message": "Succeeded to resume memory occupation."})
 
     @app.get("/get_weight_version")
     async def get_weight_version() -> JSONResponse:

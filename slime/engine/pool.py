@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import ray
 
+from slime.engine.base import EngineError
+
 if TYPE_CHECKING:
     from slime.ray_actors import Placement
 
@@ -237,6 +239,26 @@ class EnginePool:
                 self.args.update_weight_buffer_size)
             self.weight_version = str(version)
         return ""
+
+    async def release_memory(self) -> None:
+        """Colocated GPUs (--offload-rollout): every engine frees its weights, KV cache and CUDA graphs
+        so that the trainer can use the memory. The engines refuse requests until `resume_memory`."""
+        await self._post_all("/release_memory_occupation", {})
+
+    async def resume_memory(self, tags: list[str]) -> None:
+        """Re-allocate `tags` (`weights` before a weight sync, then `kv_cache` and `cuda_graph`)."""
+        await self._post_all("/resume_memory_occupation", {"tags": tags})
+
+    async def _post_all(self, path: str, body: dict[str, Any]) -> None:
+        urls = [self._info[i]["url"] for i in range(len(self.handles))]
+        async with self._lock:
+            replies = await asyncio.gather(*(self._http.post(f"{url}{path}", json=body, timeout=300.0) for url in urls),
+                                           return_exceptions=True)
+        errors = [f"{url}: {r!r}" if isinstance(r, BaseException) else f"{url}: {r.status_code} {r.text}"
+                  for url, r in zip(urls, replies, strict=True)
+                  if isinstance(r, BaseException) or r.status_code != 200]
+        if errors:
+            raise EngineError(f"{path} failed on {len(errors)} engine(s): " + "; ".join(errors))
 
     async def shutdown(self) -> None:
         for handle in self.handles:

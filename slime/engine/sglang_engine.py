@@ -39,7 +39,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -245,11 +245,3 @@ class SGLangEngine(RolloutEngine):
             os.killpg(self.process.pid, sig)  # pgid == pid: the launcher leads its own session
         except ProcessLookupError:
             pass
-
-    def release_memory_occupation(self) -> None:
-        """Free GPU memory (weights, KV cache, CUDA graphs) for the colocated trainer."""
-        self._call("POST", "/release_memory_occupation", {})
-
-    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
-        """Re-allocate the given memory kinds (`weights`, `kv_cache`, `cuda_graph`; all when None)."""
-        self._call("POST", "/resume_memory_occupation", {"tags": list(tags)} if tags is not None else {})

@@ -282,3 +282,42 @@ def test_weights_update_while_paused_and_requests_resume_on_continue(engine, mod
 
     assert version == "paused-update"
     assert replies["r"]["meta_info"]["weight_version"] == "paused-update"
+
+
+def test_released_memory_refuses_requests_until_resumed_and_weights_are_sent(model_dir, prompts):
+    """SGLang's release/resume contract for a colocated trainer: while released, generation answers 503
+    and weight updates are refused; resumed weights are uninitialised until the next update."""
+    engine = CPUEngine(model_dir, port=0, seed=0)
+    engine.start()
+    try:
+        before = _generate(engine, prompts[3], max_new_tokens=12, temperature=0, ignore_eos=True)
+        engine.pause_generation()  # a waiting request blocks the release
+        thread = threading.Thread(target=lambda: _generate(engine, prompts[1], max_new_tokens=2))
+        thread.start()
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{engine.url}/get_server_info").json()["num_waiting_reqs"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        busy = httpx.post(f"{engine.url}/release_memory_occupation", json={}, timeout=30)
+        engine.continue_generation()
+        thread.join(30)
+        assert busy.status_code == 400 and "requests are running or waiting" in busy.json()["message"]
+
+        engine.release_memory_occupation()
+        refused = httpx.post(f"{engine.url}/generate", json={"input_ids": prompts[3]}, timeout=30)
+        assert refused.status_code == 503 and "released" in refused.json()["error"]["message"]
+        early = httpx.post(f"{engine.url}/update_weights_from_disk", json={"model_path": str(model_dir)}, timeout=30)
+        assert early.status_code == 400 and "resume_memory_occupation" in early.json()["message"]
+        bad_tag = httpx.post(f"{engine.url}/resume_memory_occupation", json={"tags": ["disk"]}, timeout=30)
+        assert bad_tag.status_code == 400
+
+        engine.resume_memory_occupation(["weights"])
+        still = httpx.post(f"{engine.url}/generate", json={"input_ids": prompts[3]}, timeout=30)
+        assert still.status_code == 503 and "kv_cache" in still.json()["error"]["message"]
+        engine.update_weights_from_disk(str(model_dir), weight_version="resumed")
+        engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+        after = _generate(engine, prompts[3], max_new_tokens=12, temperature=0, ignore_eos=True)
+        assert after["output_ids"] == before["output_ids"]
+        assert after["meta_info"]["weight_version"] == "resumed"
+    finally:
+        engine.shutdown()

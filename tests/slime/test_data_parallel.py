@@ -1,9 +1,9 @@
 """Data parallel training (replicas and FSDP2 over gloo) and the SFT loss of the torch backend.
 
-The multi-rank tests run `dp_worker.py` once per rank in real processes forming a gloo group, and
-compare with one rank training on the whole batch: same loss, grad norm and updated weights within
-fp32 tolerance (Adam eps 1e-3 so that summation-order noise in near-zero gradients is not amplified
-into a full lr-sized step).
+The multi-rank tests run `dp_worker.py` once per rank in real CPU processes (CUDA hidden from them)
+forming a gloo group, and compare with one rank training on the whole batch: same loss, grad norm
+and updated weights within fp32 tolerance (Adam eps 1e-3 so that summation-order noise in near-zero
+gradients is not amplified into a full lr-sized step).
 """
 
 from __future__ import annotations
@@ -92,8 +92,9 @@ def _free_port() -> int:
 
 
 def _launch(model_dir: Path, out: Path, world: int, backend: str, *extra: str) -> list[subprocess.Popen]:
+    # CPU ranks over gloo even on a GPU machine: two NCCL ranks cannot share one GPU ("invalid usage")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+               OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="")
     port = str(_free_port())
     return [
         subprocess.Popen([sys.executable, str(WORKER), str(model_dir), str(out), str(rank), str(world), port, backend,

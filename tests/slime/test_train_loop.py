@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slime.arguments import parse_args
+from slime.arguments import ArgumentError, parse_args
 from slime.models.tiny import build_tiny_model
 from slime.rollout import Prompt, PromptDataSource, check_reward_nonzero_std
 from slime.train import build_train_batch
@@ -141,6 +141,22 @@ def test_custom_config_yaml_becomes_args(tmp_path):
     assert (args.max_turns, args.env_url, args.over_sampling_batch_size) == (7, "http://x", 1)
 
 
+def test_colocate_implies_the_memory_hand_over_on_gpu_engines_only():
+    base = ["--hf-checkpoint", "m", "--prompt-data", "p", "--rollout-batch-size", "1", "--num-rollout", "1"]
+
+    def offloads(*extra: str) -> tuple[bool, bool]:
+        args = parse_args([*base, *extra])
+        return args.offload_train, args.offload_rollout
+
+    assert offloads() == (False, False)
+    assert offloads("--colocate") == (False, False)  # CPU engines share host memory, not a GPU
+    assert offloads("--colocate", "--engine-type", "sglang") == (True, True)  # slime's default
+    assert offloads("--colocate", "--engine-type", "sglang", "--no-offload-train") == (False, True)
+    assert offloads("--offload") == (True, True)
+    with pytest.raises(ArgumentError, match="update-weights-interval 1"):
+        parse_args([*base, "--offload-rollout", "--update-weights-interval", "2"])
+
+
 # ---- end to end ----------------------------------------------------------------------------------
 
 
@@ -172,6 +188,21 @@ def test_logprob_gate_at_another_temperature(toy, tmp_path):
     records = _train_records(tmp_path)
     _assert_logprob_gate(records[0])
     _assert_logprob_gate(records[1])  # after a weight sync the engine still matches the trainer
+
+
+def test_memory_hand_over_keeps_the_engines_on_the_trainers_weights(toy, tmp_path):
+    """--offload: every step the engines release their weights (uninitialised when resumed) and the
+    trainer offloads; the log-prob gate after each hand-over shows the engines serve the trainer's
+    weights again (a resume without the weight sync would fail it, a missing resume would 503)."""
+    _run(_command(toy, tmp_path, "--offload", "--eval-prompt-data", "toy", str(toy / "eval.jsonl"),
+                  "--eval-interval", "3"), _env())
+    records = _train_records(tmp_path)
+    assert sorted(records) == [0, 1, 2]
+    for step in (1, 2):
+        _assert_logprob_gate(records[step])
+    evals = [json.loads(line) for line in (tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    assert [e["step"] for e in evals] == [0, 3]
 
 
 def test_sigkill_driver_then_rerun_resumes_with_same_data_order(toy, tmp_path):
