@@ -54,7 +54,7 @@ KNOBS: tuple[Knob, ...] = (
     K("hardware.num_gpus", "NUM_GPUS", "int", "--num-gpus-per-node",
       "GPUs of this machine (auto: nvidia-smi); derives rollout_num_gpus, checked against train + rollout"),
     K("hardware.train_num_gpus", "TRAIN_NUM_GPUS", "int", "--actor-num-gpus-per-node",
-      "GPUs of the trainer (the torch backend trains in one actor: 1)"),
+      "GPUs of the trainer: one data-parallel rank each (FSDP2 shards the model over them)"),
     K("hardware.rollout_num_gpus", "ROLLOUT_NUM_GPUS", "int", "--rollout-num-gpus", "GPUs of the engines"),
     K("hardware.rollout_num_gpus_per_engine", "ROLLOUT_NUM_GPUS_PER_ENGINE", "int", "--rollout-num-gpus-per-engine",
       "tensor parallelism of one engine"),
@@ -74,6 +74,13 @@ KNOBS: tuple[Knob, ...] = (
     K("training.global_batch_size", "GLOBAL_BATCH_SIZE", "int", "--num-steps-per-rollout",
       "samples per optimizer step; passed as steps = batch x n / global"),
     K("training.max_tokens_per_gpu", "MAX_TOKENS_PER_GPU", "int", "--max-tokens-per-gpu", "tokens per micro-batch"),
+    K("training.train_backend", "TRAIN_BACKEND", "str", "--train-backend",
+      "torch (replicated) | fsdp (FSDP2 sharding) | megatron (megatron-core model, TP = PP = 1)",
+      choices=("torch", "fsdp", "megatron")),
+    K("training.bf16", "BF16", "bool", "--bf16", "bf16 compute with fp32 weights and optimizer (fsdp backend)"),
+    K("training.recompute_granularity", "RECOMPUTE_GRANULARITY", "str", "--recompute-granularity",
+      "full: gradient checkpointing; selective: LM-head chunks only; null: keep activations", nullable=True,
+      choices=("full", "selective")),
     K("training.dynamic_sampling_filter", "DYNAMIC_SAMPLING_FILTER_PATH", "str", "--dynamic-sampling-filter-path",
       "group filter (null: keep every group)", nullable=True),
     K("training.save_interval", "SAVE_INTERVAL", "int", "--save-interval", "steps between checkpoints"),
@@ -191,7 +198,10 @@ PROFILES: dict[str, dict[str, Any]] = {
         "paths.hf_checkpoint": GPU_MODEL,
         "paths.save_dir": Derived(lambda get, g: f"{RUNS}/{get('hardware.profile')}", f"{RUNS}/<profile>"),
         "hardware.num_gpus": Derived(lambda get, gpus: len(gpus), "nvidia-smi GPU count"),
-        "hardware.train_num_gpus": 1,
+        "hardware.train_num_gpus": Derived(
+            lambda get, g: max(get("hardware.num_gpus"), 1) if get("hardware.colocate")
+            else max(get("hardware.num_gpus") // 2, 1),
+            "colocate: = num_gpus (every GPU trains and generates); else half of them"),
         "hardware.rollout_num_gpus": Derived(
             lambda get, g: get("hardware.train_num_gpus") if get("hardware.colocate")
             else max(get("hardware.num_gpus") - get("hardware.train_num_gpus"), 1),
@@ -208,6 +218,11 @@ PROFILES: dict[str, dict[str, Any]] = {
         "training.max_tokens_per_gpu": Derived(lambda get, g: get("inference.max_response_len"),
                                                "= inference.max_response_len"),
         "training.dynamic_sampling_filter": "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        # Qwen3-4B on one H200, measured (benchmarks/gpu_train_memory.py, 8192 tokens a micro-batch):
+        # no recompute runs out of memory (>134 GiB); fsdp + bf16 + full recompute peaks at 63 GiB in
+        # 1.1 s a step (fp32 torch backend: 65 GiB, 7.3 s). Colocated engines release their memory
+        # meanwhile (--offload-rollout, on under --colocate).
+        "training.train_backend": "fsdp", "training.bf16": True, "training.recompute_granularity": "full",
         "training.save_interval": 10, "training.eval_interval": 10, "training.n_samples_per_eval_prompt": 1,
         "training.skip_eval_before_train": True, "training.seed": 1234,
         "optimizer.lr": 1e-6, "optimizer.weight_decay": 0.1, "optimizer.adam_beta1": 0.9,
@@ -248,6 +263,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "training.over_sampling_batch_size": Derived(lambda get, g: get("training.rollout_batch_size"),
                                                      "= rollout_batch_size"),
         "training.max_tokens_per_gpu": 4096,
+        "training.train_backend": "torch", "training.bf16": False, "training.recompute_granularity": None,
         # falls back to zero-variance groups instead of sampling forever when every reward is equal
         "training.dynamic_sampling_filter":
             "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std_with_fallback",

@@ -157,6 +157,25 @@ def test_profile_from_nvidia_smi(output, profile, count):
     assert got.profile == profile and got["hardware.num_gpus"] == count
 
 
+def test_gpu_profiles_train_qwen3_4b_sharded_recomputed_and_handing_the_gpu_over():
+    from slime.arguments import build_parser, finalize_args
+
+    h100 = C.resolve(None, env={}, gpus=C.parse_nvidia_smi(H100))  # two H100s
+    assert (h100["hardware.train_num_gpus"], h100["hardware.rollout_num_gpus"], h100["hardware.colocate"]) == (2, 2, True)
+    cmd = slime_command(h100, "/tmp/rt.yaml")
+    for flag, value in (("--train-backend", "fsdp"), ("--recompute-granularity", "full"),
+                        ("--actor-num-gpus-per-node", "2")):
+        assert cmd[cmd.index(flag) + 1] == value
+    args = build_parser().parse_args(cmd[3:])
+    finalize_args(args)
+    assert args.bf16 and args.offload_train and args.offload_rollout  # --colocate with SGLang engines
+    assert cpu()["training.recompute_granularity"] is None and cpu()["training.train_backend"] == "torch"
+    one_40gb = C.resolve(None, env={}, gpus=C.parse_nvidia_smi("40960 MiB, NVIDIA A100-SXM4-40GB\n"))
+    assert any("40 GB card needs hardware.train_num_gpus >= 2" in w for w in one_40gb.warnings)
+    two_40gb = C.resolve(None, env={}, gpus=C.parse_nvidia_smi("40960 MiB, NVIDIA A100-SXM4-40GB\n" * 2))
+    assert not any("40 GB card" in w for w in two_40gb.warnings)
+
+
 def test_unreadable_nvidia_smi_output_fails():
     with pytest.raises(C.ConfigError, match="GPU memory"):
         C.parse_nvidia_smi("[N/A], NVIDIA H100\n")
@@ -426,15 +445,15 @@ def test_launcher_starts_and_stops_local_mcp_servers(tmp_path, monkeypatch):
     assert not alive(pid)
 
 
-def test_gpu_flags_slime_lacks_are_named_with_the_way_out():
-    from slime.arguments import build_parser
+def test_gpu_command_is_accepted_by_slime_and_reaches_sglang():
+    from slime.arguments import build_parser, finalize_args
+    from slime.engine.sglang_engine import launch_command
 
     cfg = C.resolve(None, env={}, gpus=C.parse_nvidia_smi(H100))
     cmd = slime_command(cfg, "/tmp/rt.yaml")
     assert cmd[cmd.index("--engine-type") + 1] == "sglang" and "--colocate" in cmd
-    if "--sglang-mem-fraction-static" in build_parser()._option_string_actions:
-        assert check_against_slime(cmd) == []
-    else:
-        assert "SGLANG_MEM_FRACTION_STATIC=null" in check_against_slime(cmd)[0]
-        cfg = C.resolve(None, env={"SGLANG_MEM_FRACTION_STATIC": "null"}, gpus=C.parse_nvidia_smi(H100))
-        assert check_against_slime(slime_command(cfg, "/tmp/rt.yaml")) == []
+    assert check_against_slime(cmd) == []
+    args = build_parser().parse_args(cmd[3:])
+    finalize_args(args)
+    launch = launch_command(args, port=30000)
+    assert launch[launch.index("--mem-fraction-static") + 1] == "0.45" and "--enable-memory-saver" in launch
