@@ -108,6 +108,13 @@ def _fire_and_forget(fut: asyncio.Future) -> None:
     fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
+def _fail(fut: asyncio.Future, exc: BaseException) -> None:
+    """Fail a waiter, unless it is done or its event loop is gone (the pool closed at exit after the
+    loop that awaited it ended: nobody can receive the error, and telling the loop would raise)."""
+    if not fut.done() and not fut.get_loop().is_closed():
+        fut.set_exception(exc)
+
+
 class WorkerPool:
     """Processes, request routing, deadlines, crash recovery and episode placement."""
 
@@ -184,11 +191,9 @@ class WorkerPool:
         slot.generation += 1
         slot.dead_reason = reason
         for item in pending:
-            if not item.future.done():
-                item.future.set_exception(exc_type(f"{reason} during '{item.op}'"))
+            _fail(item.future, exc_type(f"{reason} during '{item.op}'"))
         for fut in slot.loaded.values():
-            if not fut.done():
-                fut.set_exception(exc_type(f"{reason} while loading"))
+            _fail(fut, exc_type(f"{reason} while loading"))
         if not self._closed:
             self.restarts += 1
             self._spawn(slot)
@@ -286,7 +291,7 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
-        if self._watchdog is not None:
+        if self._watchdog is not None and not self._watchdog.get_loop().is_closed():
             self._watchdog.cancel()
         for slot in self.slots:
             self._on_death(slot, slot.generation, "the worker pool was closed")

@@ -224,6 +224,23 @@ def test_runtime_refuses_a_second_event_loop(fault_data_dir, cache_dir):
         rt.close()
 
 
+def test_closing_after_the_event_loop_ended_with_a_call_in_flight(fault_data_dir, cache_dir):
+    """A trainer stopped mid-rollout: its loop is gone with a tool call pending, and the runtime closes
+    at exit. Closing kills the worker without raising 'Event loop is closed' for the orphaned call."""
+    rt = EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir)
+    loop = asyncio.new_event_loop()
+    try:
+        ep = loop.run_until_complete(rt.open("faults"))
+        call = loop.create_task(ep.call("slow", {"seconds": 60}))
+        loop.run_until_complete(asyncio.sleep(0.5))
+        assert not call.done() and rt.pool.slots[0].pending
+    finally:
+        loop.close()
+    worker = rt.pool.slots[0].proc
+    rt.close()
+    assert worker.poll() is not None
+
+
 def test_many_concurrent_episodes(fault_data_dir, cache_dir):
     async def main():
         with EnvRuntime(fault_data_dir, num_workers=2, cache_dir=cache_dir) as rt:
