@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import socket
 import time
 
 import torch
@@ -22,7 +21,7 @@ import torch.distributed as dist
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from slime.algorithms.losses import PolicyLossConfig
-from slime.backends.distributed import DataParallel
+from slime.backends.distributed import DataParallel, init_data_parallel
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
 from slime.utils.types import Sample
 
@@ -91,12 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
-    if any(MODES[m][1] for m in args.modes):  # FSDP2 needs a process group, even of one rank
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        torch.cuda.set_device(0)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    if any(MODES[m][1] for m in args.modes):  # FSDP2 needs a process group, even of one rank (nccl here)
+        init_data_parallel(0, 1, "127.0.0.1", 0, fsdp=True)
     total = torch.cuda.get_device_properties(0).total_memory / GIB
     print(f"{torch.cuda.get_device_name(0)}, {total:.0f} GiB, torch {torch.__version__}", flush=True)
     for mode in args.modes:

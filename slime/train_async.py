@@ -22,6 +22,7 @@ time) and `async/wait_for_rollout_s` (how long training waited for this step's r
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from slime.train import main as _main
 class AsyncRun(Run):
     """The synchronous run's pieces, scheduled one step off-policy (see the module docstring)."""
 
-    def __init__(self, args: Any):
+    def __init__(self, args: argparse.Namespace):
         if args.offload_train or args.offload_rollout:
             raise ArgumentError("train_async generates while it trains, so trainer and engines cannot hand one GPU "
                                 "back and forth: drop --colocate / --offload* (slime runs colocated only synchronously)")
