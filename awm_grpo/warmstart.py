@@ -30,6 +30,7 @@ import logging
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,21 +193,22 @@ async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_
 
 
 def sft(model: torch.nn.Module, episodes: Episodes, *, epochs: int, lr: float, seed: int,
-        batch_size: int = 1) -> list[float]:
+        batch_size: int = 1, after_epoch: Callable[[int, list[float]], None] | None = None) -> list[float]:
     """Masked next-token loss on model tokens, mean over a batch's model tokens:
 
         L = -sum_{b,t} m_{b,t} log p(x_{b,t} | x_{b,<t}) / sum_{b,t} m_{b,t}
 
     Each epoch trains on `episodes.epoch(rng)` (fresh renamed copies every epoch) in batches of
     `batch_size` episodes of similar length (right-padded, padding masked out of attention and
-    loss), shuffled with `seed`."""
+    loss), shuffled with `seed`. `after_epoch(epoch, losses)` runs after each epoch (1-based), e.g. to
+    keep intermediate checkpoints."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     losses = []
     bar = tqdm(range(epochs), desc="sft epochs", file=sys.stderr)
-    for _ in bar:
+    for epoch in bar:
         samples = episodes.epoch(rng)
         by_length = sorted(range(len(samples)), key=lambda i: len(samples[i].tokens))
         batches = [by_length[i:i + batch_size] for i in range(0, len(by_length), batch_size)]
@@ -234,6 +236,8 @@ def sft(model: torch.nn.Module, episodes: Episodes, *, epochs: int, lr: float, s
             total += loss.item()
         losses.append(total / max(len(batches), 1))
         bar.set_postfix(loss=f"{losses[-1]:.3f}", episodes=len(samples))
+        if after_epoch is not None:
+            after_epoch(epoch + 1, losses)
     return losses
 
 
@@ -270,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drill", type=int, default=0, metavar="N", help="first train on N synthetic copy-drill "
                         "episodes (awm_grpo.drill; meta mode; 2000 did well for the 6-layer model)")
     parser.add_argument("--drill-epochs", type=int, default=5)
+    parser.add_argument("--save-every", type=int, default=0, metavar="K", help="also save the model after every "
+                        "K epochs to OUT/epoch_<N>, to compare RL starts trained for fewer epochs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one step of this small model gains "
                         "nothing from more, and more slow down everything else on a busy machine)")
@@ -317,17 +323,27 @@ def main(argv: list[str] | None = None) -> int:
         drill.real = drill_episodes(short, opts.drill, seed=opts.seed)
         logger.info("copy drill: %d synthetic episodes x %d epochs first", opts.drill, opts.drill_epochs)
         drill_losses = sft(model, drill, epochs=opts.drill_epochs, lr=opts.lr, seed=opts.seed, batch_size=8)
-    losses = sft(model, episodes, epochs=opts.epochs, lr=opts.lr, seed=opts.seed, batch_size=opts.batch_size)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    record = {"base": base, "episodes": len(episodes.real), "tokens": tokens, "epochs": opts.epochs, "lr": opts.lr,
-              "batch_size": opts.batch_size, "losses": losses, "tool_mode": opts.tool_mode,
-              "counterfactuals": opts.counterfactuals, "list_tools": opts.list_tools,
-              "tokenizer_corpus": None if opts.base else opts.tokenizer_corpus or "domain", "layers": opts.layers,
-              "split_whitespace": None if opts.base else bool(opts.split_whitespace),
-              "drill": opts.drill, "drill_epochs": opts.drill_epochs if opts.drill else 0, "drill_losses": drill_losses}
-    (out / "warmstart.json").write_text(json.dumps(record, indent=1))
+
+    def save(folder: Path, losses: list[float]) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        record = {"base": base, "episodes": len(episodes.real), "tokens": tokens, "epochs": len(losses),
+                  "lr": opts.lr, "batch_size": opts.batch_size, "losses": losses, "tool_mode": opts.tool_mode,
+                  "counterfactuals": opts.counterfactuals, "list_tools": opts.list_tools,
+                  "tokenizer_corpus": None if opts.base else opts.tokenizer_corpus or "domain",
+                  "layers": opts.layers, "split_whitespace": None if opts.base else bool(opts.split_whitespace),
+                  "drill": opts.drill, "drill_epochs": opts.drill_epochs if opts.drill else 0,
+                  "drill_losses": drill_losses, "seed": opts.seed}
+        (folder / "warmstart.json").write_text(json.dumps(record, indent=1))
+
+    def after_epoch(epoch: int, losses: list[float]) -> None:
+        if opts.save_every and epoch % opts.save_every == 0 and epoch < opts.epochs:
+            save(out / f"epoch_{epoch}", losses)
+
+    losses = sft(model, episodes, epochs=opts.epochs, lr=opts.lr, seed=opts.seed, batch_size=opts.batch_size,
+                 after_epoch=after_epoch)
+    save(out, losses)
     logger.info("saved %s (loss %.3f -> %.3f)", out, losses[0], losses[-1])
     return 0
 

@@ -97,3 +97,21 @@ def test_cli_builds_a_domain_base_drills_it_and_records_what_it_did(tmp_path, ti
     with pytest.raises(SystemExit, match="--layers, --tokenizer-corpus and --split-whitespace shape"):
         main(["--data", str(tmp_path / "splits"), "--out", str(tmp_path / "x"), "--base", str(tiny_model_dir),
               "--layers", "3"])
+
+
+def test_save_every_keeps_intermediate_starts_that_differ_from_the_final_one(tmp_path, tiny_model_dir):
+    from safetensors.torch import load_file
+
+    from awm_grpo.warmstart import main
+
+    prepare(tmp_path / "splits", split_by="task", seed=42)
+    out = tmp_path / "ws"
+    assert main(["--data", str(tmp_path / "splits"), "--out", str(out), "--base", str(tiny_model_dir),
+                 "--epochs", "3", "--save-every", "2", "--lr", "1e-2"]) == 0
+    assert sorted(p.name for p in out.glob("epoch_*")) == ["epoch_2"]  # the last epoch is OUT itself
+    middle, final = json.loads((out / "epoch_2" / "warmstart.json").read_text()), json.loads(
+        (out / "warmstart.json").read_text())
+    assert middle["epochs"] == 2 and final["epochs"] == 3 and final["losses"][:2] == middle["losses"]
+    assert (out / "epoch_2" / "tokenizer.json").is_file()
+    a, b = load_file(out / "epoch_2" / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
