@@ -12,7 +12,6 @@ running SGLang server and is not covered here.
 from __future__ import annotations
 
 import random
-import socket
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from awm_grpo.config import detect_gpus, profile_for
 from slime.algorithms.losses import PolicyLossConfig
 from slime.backends.distributed import DataParallel
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
+from slime.engine.sglang_engine import free_port
 from slime.models.tiny import build_config
 from slime.utils.types import Sample
 from slime.weight_sync import (
@@ -40,18 +40,12 @@ VOCAB = 300
 LOSS = PolicyLossConfig(aggregation="sequence_mean")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def nccl_group():
     """One-rank NCCL default group, as a GPU train rank has (FSDP2 and Megatron need one)."""
     torch.cuda.set_device(0)
     if not dist.is_initialized():
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     try:
         from megatron.core import parallel_state
@@ -221,7 +215,7 @@ def test_weight_bucket_crosses_processes_through_cuda_ipc():
 
 def test_nccl_update_group_forms_and_broadcasts(nccl_group):
     """The custom group of `TensorWeightSync.connect` on real NCCL (one rank: engines need other GPUs)."""
-    group = init_custom_group("nccl", f"tcp://127.0.0.1:{_free_port()}", 1, 0, "slime_gpu_test")
+    group = init_custom_group("nccl", f"tcp://127.0.0.1:{free_port()}", 1, 0, "slime_gpu_test")
     try:
         tensor = torch.arange(16, dtype=torch.bfloat16, device="cuda")
         dist.broadcast(tensor, group=group, group_src=0)
