@@ -13,8 +13,9 @@ reward and learns nothing. This stage gives the embedded CPU default a non-zero 
    `--counterfactuals K` adds K renamed copies of each practice episode (awm_grpo.counterfactual),
    drawn fresh every epoch so that no invented name is seen twice;
 3. a model built from scratch gets a tokenizer trained partly on the scenarios' own text
-   (`domain_corpus`) and, with `--drill N`, first learns to copy on synthetic episodes
-   (awm_grpo.drill);
+   (`domain_corpus`; with `--split-digits`, one token a digit, so numbers are copied id for id) and,
+   with `--drill N`, first learns to copy names, numbers and ids on synthetic episodes
+   (awm_grpo.drill, `--drill-kinds`);
 4. the model is trained with masked next-token loss on the model tokens (loss mask 1 only);
 5. the result is saved as a Hugging Face folder, the recipe's `--hf-checkpoint`.
 
@@ -40,7 +41,7 @@ from tqdm import tqdm
 from awm_grpo import protocol
 from awm_grpo.chat import ChatEncoder
 from awm_grpo.counterfactual import counterfactuals, renamable
-from awm_grpo.drill import drill_episodes
+from awm_grpo.drill import KINDS, drill_episodes
 from awm_grpo.rollout import Policy, RolloutConfig, chat_encoder, play
 from slime.arguments import parse_args
 from slime.rollout.sglang_rollout import GenerateState
@@ -80,17 +81,19 @@ def domain_corpus(data_dir: str | None, prompts: list[dict[str, Any]]) -> list[s
 
 
 def small_base(out_dir: str | Path, seed: int = 0, domain: list[str] | None = None, layers: int | None = None,
-               split_whitespace: bool = False) -> str:
+               split_whitespace: bool = False, split_digits: bool = False) -> str:
     """The from-scratch model of the embedded default (SMALL_CONFIG, a local 4,096-token tokenizer).
 
     The tokenizer is trained on the standard-library files of slime.models.tiny plus `domain`
-    (DOMAIN_WEIGHT times) when given, with whitespace as tokens of its own when `split_whitespace`
+    (DOMAIN_WEIGHT times) when given, with whitespace as tokens of its own when `split_whitespace` and every digit a token of its own when
+    `split_digits`
     (slime.models.tiny.build_tokenizer); `layers` overrides SMALL_CONFIG's depth."""
     from slime.models.tiny import build_tiny_model, stdlib_corpus
 
     config = {**SMALL_CONFIG, **({"num_hidden_layers": layers} if layers else {})}
     corpus = stdlib_corpus() + domain * DOMAIN_WEIGHT if domain else None
-    return str(build_tiny_model(out_dir, seed=seed, corpus=corpus, split_whitespace=split_whitespace, **config))
+    return str(build_tiny_model(out_dir, seed=seed, corpus=corpus, split_whitespace=split_whitespace,
+                                split_digits=split_digits, **config))
 
 
 def reference_replies(solution: Any, tool_mode: str, list_tools: bool = True) -> list[str]:
@@ -269,11 +272,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="from-scratch base only: whitespace gets tokens of its own, so a name or number has "
                         "the same ids in a tool result (`\"author\": \"Richard`) and in the answer (`by Richard`) "
                         "and is copied token for token (default off)")
+    parser.add_argument("--split-digits", action=argparse.BooleanOptionalAction, default=None,
+                        help="from-scratch base only: every digit is a token of its own, as in Qwen's tokenizers, "
+                        "so a number has the same ids in a tool result (`\"price\": 4.59`) and in the answer "
+                        "(`$4.59`) (default off)")
     parser.add_argument("--layers", type=int, default=None, help="from-scratch base only: transformer layers "
                         f"(default {SMALL_CONFIG['num_hidden_layers']}; 6 did best on the practice set, 1.4x slower)")
     parser.add_argument("--drill", type=int, default=0, metavar="N", help="first train on N synthetic copy-drill "
                         "episodes (awm_grpo.drill; meta mode; 2000 did well for the 6-layer model)")
     parser.add_argument("--drill-epochs", type=int, default=5)
+    parser.add_argument("--drill-kinds", default="name", metavar="K[,K]",
+                        help="what the drill makes the model copy (awm_grpo.drill.KINDS): name (a name from the "
+                        "task into the call and from the result into the answer), value (a number from the result "
+                        "into the answer), id (an id from one result into the next call); default name")
     parser.add_argument("--save-every", type=int, default=0, metavar="K", help="also save the model after every "
                         "K epochs to OUT/epoch_<N>, to compare RL starts trained for fewer epochs")
     parser.add_argument("--seed", type=int, default=0)
@@ -285,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(opts.threads)
     if opts.drill and opts.tool_mode != "meta":
         raise SystemExit("--drill needs --tool-mode meta (its episodes call call_tool)")
+    kinds = tuple(k.strip() for k in opts.drill_kinds.split(",") if k.strip())
+    if not kinds or set(kinds) - set(KINDS):
+        raise SystemExit(f"--drill-kinds {opts.drill_kinds!r}: a comma-separated list of {', '.join(KINDS)}")
     out = Path(opts.out)
     train = Path(opts.data) / "train.jsonl"
     if not train.is_file():
@@ -295,9 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     if base is None:
         domain = None if opts.tokenizer_corpus == "stdlib" else domain_corpus(opts.data_dir, prompts)
         base = small_base(out.parent / "small-base", seed=opts.seed, domain=domain, layers=opts.layers,
-                          split_whitespace=bool(opts.split_whitespace))
-    elif opts.layers is not None or opts.tokenizer_corpus is not None or opts.split_whitespace is not None:
-        raise SystemExit("--layers, --tokenizer-corpus and --split-whitespace shape the from-scratch base: drop them "
+                          split_whitespace=bool(opts.split_whitespace), split_digits=bool(opts.split_digits))
+    elif (opts.layers is not None or opts.tokenizer_corpus is not None or opts.split_whitespace is not None
+          or opts.split_digits is not None):
+        raise SystemExit("--layers, --tokenizer-corpus, --split-whitespace and --split-digits shape the from-scratch "
+                         "base: drop them or "
                          "or --base")
     args = parse_args(["--hf-checkpoint", base, "--prompt-data", str(train), "--rollout-batch-size", "1",
                        "--num-rollout", "1", "--rollout-max-response-len", str(opts.max_response_len)])
@@ -320,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         # over to the real, prompted episodes (6-layer model, practice set, SFT loss after 4 epochs:
         # 0.38 after this drill, 0.56 after the same drill with the system prompt, 0.81 with none).
         short = ChatEncoder(tokenizer, "", None, {"enable_thinking": RolloutConfig.from_args(args).enable_thinking})
-        drill.real = drill_episodes(short, opts.drill, seed=opts.seed)
-        logger.info("copy drill: %d synthetic episodes x %d epochs first", opts.drill, opts.drill_epochs)
+        drill.real = drill_episodes(short, opts.drill, seed=opts.seed, kinds=kinds)
+        logger.info("copy drill: %d synthetic episodes (%s) x %d epochs first", opts.drill, ",".join(kinds),
+                    opts.drill_epochs)
         drill_losses = sft(model, drill, epochs=opts.drill_epochs, lr=opts.lr, seed=opts.seed, batch_size=8)
 
     def save(folder: Path, losses: list[float]) -> None:
@@ -333,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
                   "counterfactuals": opts.counterfactuals, "list_tools": opts.list_tools,
                   "tokenizer_corpus": None if opts.base else opts.tokenizer_corpus or "domain",
                   "layers": opts.layers, "split_whitespace": None if opts.base else bool(opts.split_whitespace),
+                  "split_digits": None if opts.base else bool(opts.split_digits),
                   "drill": opts.drill, "drill_epochs": opts.drill_epochs if opts.drill else 0,
+                  "drill_kinds": list(kinds) if opts.drill else [],
                   "drill_losses": drill_losses, "seed": opts.seed}
         (folder / "warmstart.json").write_text(json.dumps(record, indent=1))
 

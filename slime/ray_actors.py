@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.engine.pool import EngineActor, EnginePool, EngineStartError, _quiet_transformers
+from slime.utils.misc import free_port
 
 __all__ = ["EngineActor", "EnginePool", "EngineStartError", "Placement", "TrainActor", "create_placement",
            "init_ray"]
@@ -84,12 +84,6 @@ def create_placement(args: argparse.Namespace) -> Placement:
     return Placement(group, use_gpu, 0, engines, args.colocate)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 @ray.remote
 class TrainActor:
     """Train rank `rank` (a `slime.backends.train_worker.TrainWorker`); rank 0 also leads the others.
@@ -111,7 +105,7 @@ class TrainActor:
         world = world_size(args)
         self.followers: list[Any] = []
         if world > 1 and rank == 0:
-            master = (ray.util.get_node_ip_address(), _free_port())
+            master = (ray.util.get_node_ip_address(), free_port())
             group = ray.util.get_current_placement_group()
             use_gpu = bool(ray.get_gpu_ids())
             for r in range(1, world):

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from slime.engine.base import EngineError, RolloutEngine
+from slime.utils.misc import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -337,7 +338,7 @@ class TensorWeightSync(WeightSync):
         self._engines = list(engines)
         tp_sizes = self.engine_tp_sizes or [1] * len(engines)
         offsets, world_size = engine_rank_offsets(tp_sizes)
-        port = self.master_port or _free_port()
+        port = self.master_port or free_port()
         with ThreadPoolExecutor(max_workers=len(engines)) as pool:
             joins = [pool.submit(_post_ok, engine, "/init_weights_update_group",
                                  init_group_payload(self.master_address, port, offset, world_size, self.group_name))
@@ -380,14 +381,6 @@ def _post_ok(engine: RolloutEngine, path: str, body: dict[str, Any]) -> dict[str
     if isinstance(reply, dict) and reply.get("success") is False:
         raise EngineError(f"{engine.url}{path} refused: {reply.get('message')}")
     return reply
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def init_custom_group(backend: str, init_method: str, world_size: int, rank: int, group_name: str) -> Any:

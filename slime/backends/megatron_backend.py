@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from slime.backends.megatron_convert import (
     transformer_config_kwargs,
 )
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
+from slime.utils.misc import free_port
 
 
 def require_megatron() -> None:
@@ -62,9 +62,7 @@ def init_model_parallel(seed: int) -> None:
     from megatron.core import parallel_state, tensor_parallel
 
     if not dist.is_initialized():
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port("127.0.0.1")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():

@@ -24,7 +24,7 @@ import time
 import httpx
 
 from slime.engine.base import EngineError
-from slime.engine.sglang_engine import free_port
+from slime.utils.misc import free_port
 
 logger = logging.getLogger(__name__)
 

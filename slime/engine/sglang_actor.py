@@ -16,7 +16,8 @@ from typing import Any
 
 import ray
 
-from slime.engine.sglang_engine import SGLangEngine, free_port
+from slime.engine.sglang_engine import SGLangEngine
+from slime.utils.misc import free_port
 
 
 @ray.remote

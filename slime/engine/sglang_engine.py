@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from typing import Any
 import httpx
 
 from slime.engine.base import EngineError, RolloutEngine
+from slime.utils.misc import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -136,13 +136,6 @@ def _flag(field: str, value: Any) -> list[str]:
     if isinstance(value, dict):
         return [flag, json.dumps(value)]
     return [flag, str(value)]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now (SGLang needs a concrete port: it does not accept 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class SGLangEngine(RolloutEngine):

@@ -7,7 +7,7 @@ import json
 import random
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from awm_grpo.data_prep import prepare
 from awm_grpo.warmstart import SMALL_CONFIG, collect, domain_corpus, sft, small_base
@@ -89,12 +89,18 @@ def test_cli_builds_a_domain_base_drills_it_and_records_what_it_did(tmp_path, ti
     prepare(tmp_path / "splits", split_by="task", seed=42)
     out = tmp_path / "ws"
     assert main(["--data", str(tmp_path / "splits"), "--out", str(out), "--epochs", "1", "--drill", "8",
-                 "--drill-epochs", "2", "--layers", "1"]) == 0
+                 "--drill-epochs", "2", "--drill-kinds", "name,value,id", "--layers", "1", "--split-digits"]) == 0
     record = json.loads((out / "warmstart.json").read_text())
     assert record["tokenizer_corpus"] == "domain" and record["drill"] == 8 and len(record["drill_losses"]) == 2
+    assert record["drill_kinds"] == ["name", "value", "id"] and record["split_digits"] is True
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert [tokenizer.decode([i]) for i in tokenizer("2026", add_special_tokens=False)["input_ids"]] == list("2026")
     assert record["drill_losses"][1] < record["drill_losses"][0] and len(record["losses"]) == 1
     assert AutoConfig.from_pretrained(out).num_hidden_layers == 1
-    with pytest.raises(SystemExit, match="--layers, --tokenizer-corpus and --split-whitespace shape"):
+    with pytest.raises(SystemExit, match="--drill-kinds 'name,copy'"):
+        main(["--data", str(tmp_path / "splits"), "--out", str(tmp_path / "x"), "--drill", "8", "--drill-kinds",
+              "name,copy"])
+    with pytest.raises(SystemExit, match="--layers, --tokenizer-corpus, --split-whitespace and --split-digits shape"):
         main(["--data", str(tmp_path / "splits"), "--out", str(tmp_path / "x"), "--base", str(tiny_model_dir),
               "--layers", "3"])
 

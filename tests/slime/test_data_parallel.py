@@ -9,7 +9,6 @@ gradients is not amplified into a full lr-sized step).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from slime.backends.distributed import shard_by_tokens
 from slime.backends.sft import sft_loss
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
 from slime.models.tiny import build_config
+from slime.utils.misc import free_port
 from slime.utils.types import Sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,17 +85,11 @@ def test_sft_step_lowers_the_nll_and_ignores_advantages():
 # ---- several ranks -----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch(model_dir: Path, out: Path, world: int, backend: str, *extra: str) -> list[subprocess.Popen]:
     # CPU ranks over gloo even on a GPU machine: two NCCL ranks cannot share one GPU ("invalid usage")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="")
-    port = str(_free_port())
+    port = str(free_port("127.0.0.1"))
     return [
         subprocess.Popen([sys.executable, str(WORKER), str(model_dir), str(out), str(rank), str(world), port, backend,
                           *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

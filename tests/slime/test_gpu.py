@@ -23,8 +23,8 @@ from awm_grpo.config import detect_gpus, profile_for
 from slime.algorithms.losses import PolicyLossConfig
 from slime.backends.distributed import DataParallel
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
-from slime.engine.sglang_engine import free_port
 from slime.models.tiny import build_config
+from slime.utils.misc import free_port
 from slime.utils.types import Sample
 from slime.weight_sync import (
     bucket_named_tensors,

@@ -153,3 +153,24 @@ def test_split_whitespace_gives_a_word_the_same_ids_after_a_space_or_a_quote():
     for text in (result, answer, "  indented\n\tlines  "):
         assert split.decode(split(text)["input_ids"]) == text
     assert len(split(answer)["input_ids"]) > len(attached(answer)["input_ids"])  # the price: one id a space
+
+
+def test_split_digits_gives_a_number_the_same_ids_in_a_result_and_an_answer():
+    from slime.models.tiny import build_tokenizer
+
+    corpus = ['"monthly_limit": 600.0, "price": 4.59, "id": 37\n' * 50, "The limit is $600.00 and it costs $4.59.\n" * 50]
+    merged, digits = build_tokenizer(600, corpus), build_tokenizer(600, corpus, split_digits=True)
+
+    def pieces(tok, text: str) -> list[str]:
+        return [tok.decode([i]) for i in tok(text, add_special_tokens=False)["input_ids"]]
+
+    assert "600" in "".join(pieces(merged, '"monthly_limit": 600.0'))
+    assert [p for p in pieces(digits, '"monthly_limit": 600.0,') if p.isdigit()] == ["6", "0", "0", "0"]
+    assert [p for p in pieces(digits, "costs $600.00.") if p.isdigit()] == ["6", "0", "0", "0", "0"]
+    # the same number, the same ids, whatever stands before it (a space in JSON, a dollar sign in prose)
+    result, answer = digits('"price": 4.59', add_special_tokens=False)["input_ids"], digits(
+        "$4.59", add_special_tokens=False)["input_ids"]
+    assert result[-3:] == answer[-3:]
+    assert any(p.strip().isdigit() and len(p.strip()) > 1 for p in pieces(merged, '"price": 4.59 "id": 37 600'))
+    for text in ('{"id": 37, "price": 4.59}', "2026-11-22T02:03:35"):
+        assert digits.decode(digits(text)["input_ids"]) == text

@@ -1,4 +1,4 @@
-"""load_function and the retrying HTTP helpers, against a real local HTTP server."""
+"""load_function, free_port and the retrying HTTP helpers, against a real local HTTP server."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from slime.utils import http_utils
 from slime.utils.http_utils import HTTPRequestError, get, post
-from slime.utils.misc import PluginLoadError, load_function
+from slime.utils.misc import PluginLoadError, free_port, load_function
 
 FAST = 0.01  # retry delay in tests
 
@@ -23,6 +23,16 @@ FAST = 0.01  # retry delay in tests
 def test_load_function_resolves_a_stdlib_function():
     assert load_function("os.path.join") is os.path.join
     assert load_function("os.path.join") is load_function("os.path.join")
+
+
+def test_free_port_can_be_bound_and_is_not_in_use():
+    port = free_port("127.0.0.1")
+    assert 1024 <= port <= 65535
+    with socket.socket() as sock:  # nothing listens there: binding it again succeeds
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
 
 
 def test_load_function_names_the_missing_piece():
@@ -82,12 +92,6 @@ def server():
     thread.join()
 
 
-def _unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_post_retries_5xx_then_returns_json(server):
     reply = asyncio.run(
         post(f"{server}/flaky", {"input_ids": [1, 2]}, retry_delay=FAST, headers={"X-SMG-Routing-Key": "s1"})
@@ -119,7 +123,7 @@ def test_client_error_is_not_retried(server):
 
 
 def test_unreachable_port_raises_after_retries():
-    url = f"http://127.0.0.1:{_unused_port()}/generate"
+    url = f"http://127.0.0.1:{free_port('127.0.0.1')}/generate"
 
     with pytest.raises(HTTPRequestError, match=r"failed after 3 attempts \(last: ConnectError") as info:
         asyncio.run(post(url, {"text": "hi"}, max_retries=3, retry_delay=FAST))
