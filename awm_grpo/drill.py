@@ -123,6 +123,7 @@ def drill_episodes(encoder: ChatEncoder, count: int, seed: int = 0, kinds: tuple
     rng = random.Random(seed)
     out = []
     for i in range(count):
+        # one kind draws nothing for it: the name-only drill keeps the episodes it always had
         kind = kinds[0] if len(kinds) == 1 else rng.choice(kinds)
         messages = drill_messages(rng, kind)
         tokens, mask = rebuild(encoder, messages)

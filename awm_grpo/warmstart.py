@@ -85,9 +85,9 @@ def small_base(out_dir: str | Path, seed: int = 0, domain: list[str] | None = No
     """The from-scratch model of the embedded default (SMALL_CONFIG, a local 4,096-token tokenizer).
 
     The tokenizer is trained on the standard-library files of slime.models.tiny plus `domain`
-    (DOMAIN_WEIGHT times) when given, with whitespace as tokens of its own when `split_whitespace` and every digit a token of its own when
-    `split_digits`
-    (slime.models.tiny.build_tokenizer); `layers` overrides SMALL_CONFIG's depth."""
+    (DOMAIN_WEIGHT times) when given, with whitespace as tokens of its own when `split_whitespace` and
+    every digit a token of its own when `split_digits` (slime.models.tiny.build_tokenizer); `layers`
+    overrides SMALL_CONFIG's depth."""
     from slime.models.tiny import build_tiny_model, stdlib_corpus
 
     config = {**SMALL_CONFIG, **({"num_hidden_layers": layers} if layers else {})}
@@ -313,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     elif (opts.layers is not None or opts.tokenizer_corpus is not None or opts.split_whitespace is not None
           or opts.split_digits is not None):
         raise SystemExit("--layers, --tokenizer-corpus, --split-whitespace and --split-digits shape the from-scratch "
-                         "base: drop them or "
-                         "or --base")
+                         "base: drop them or --base")
     args = parse_args(["--hf-checkpoint", base, "--prompt-data", str(train), "--rollout-batch-size", "1",
                        "--num-rollout", "1", "--rollout-max-response-len", str(opts.max_response_len)])
     args.awm_tool_mode, args.awm_data_dir = opts.tool_mode, opts.data_dir
