@@ -81,19 +81,20 @@ def domain_corpus(data_dir: str | None, prompts: list[dict[str, Any]]) -> list[s
 
 
 def small_base(out_dir: str | Path, seed: int = 0, domain: list[str] | None = None, layers: int | None = None,
-               split_whitespace: bool = False, split_digits: bool = False) -> str:
+               split_whitespace: bool = False, split_digits: bool = False, chat_template: str | None = None) -> str:
     """The from-scratch model of the embedded default (SMALL_CONFIG, a local 4,096-token tokenizer).
 
     The tokenizer is trained on the standard-library files of slime.models.tiny plus `domain`
     (DOMAIN_WEIGHT times) when given, with whitespace as tokens of its own when `split_whitespace` and
     every digit a token of its own when `split_digits` (slime.models.tiny.build_tokenizer); `layers`
-    overrides SMALL_CONFIG's depth."""
+    overrides SMALL_CONFIG's depth; `chat_template` (Jinja text, e.g. Qwen3-4B's) replaces the built-in
+    Qwen-style template."""
     from slime.models.tiny import build_tiny_model, stdlib_corpus
 
     config = {**SMALL_CONFIG, **({"num_hidden_layers": layers} if layers else {})}
     corpus = stdlib_corpus() + domain * DOMAIN_WEIGHT if domain else None
     return str(build_tiny_model(out_dir, seed=seed, corpus=corpus, split_whitespace=split_whitespace,
-                                split_digits=split_digits, **config))
+                                split_digits=split_digits, chat_template=chat_template, **config))
 
 
 def reference_replies(solution: Any, tool_mode: str, list_tools: bool = True) -> list[str]:
@@ -276,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="from-scratch base only: every digit is a token of its own, as in Qwen's tokenizers, "
                         "so a number has the same ids in a tool result (`\"price\": 4.59`) and in the answer "
                         "(`$4.59`) (default off)")
+    parser.add_argument("--chat-template", default=None, metavar="FILE",
+                        help="from-scratch base only: ship this Jinja chat template instead of the built-in "
+                        "Qwen-style one, e.g. the one Qwen3-4B ships, so the warm start and RL meet the real template")
+    parser.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=False,
+                        help="render episodes with the template's thinking mode on (Qwen3: no empty think block in "
+                        "the generation prompt); must match the RL run's AWM_ENABLE_THINKING (default off, as the "
+                        "CPU profile)")
     parser.add_argument("--layers", type=int, default=None, help="from-scratch base only: transformer layers "
                         f"(default {SMALL_CONFIG['num_hidden_layers']}; 6 did best on the practice set, 1.4x slower)")
     parser.add_argument("--drill", type=int, default=0, metavar="N", help="first train on N synthetic copy-drill "
@@ -308,16 +316,24 @@ def main(argv: list[str] | None = None) -> int:
     base = opts.base
     if base is None:
         domain = None if opts.tokenizer_corpus == "stdlib" else domain_corpus(opts.data_dir, prompts)
+        template = None
+        if opts.chat_template:
+            try:
+                template = Path(opts.chat_template).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise SystemExit(f"--chat-template {opts.chat_template}: {exc.strerror}") from None
         base = small_base(out.parent / "small-base", seed=opts.seed, domain=domain, layers=opts.layers,
-                          split_whitespace=bool(opts.split_whitespace), split_digits=bool(opts.split_digits))
+                          split_whitespace=bool(opts.split_whitespace), split_digits=bool(opts.split_digits),
+                          chat_template=template)
     elif (opts.layers is not None or opts.tokenizer_corpus is not None or opts.split_whitespace is not None
-          or opts.split_digits is not None):
-        raise SystemExit("--layers, --tokenizer-corpus, --split-whitespace and --split-digits shape the from-scratch "
-                         "base: drop them or --base")
+          or opts.split_digits is not None or opts.chat_template is not None):
+        raise SystemExit("--layers, --tokenizer-corpus, --split-whitespace, --split-digits and --chat-template shape "
+                         "the from-scratch base: drop them or --base")
     args = parse_args(["--hf-checkpoint", base, "--prompt-data", str(train), "--rollout-batch-size", "1",
                        "--num-rollout", "1", "--rollout-max-response-len", str(opts.max_response_len)])
     args.awm_tool_mode, args.awm_data_dir = opts.tool_mode, opts.data_dir
     args.awm_max_observation_tokens, args.awm_max_turns = opts.max_observation_tokens, 64
+    args.awm_enable_thinking = opts.enable_thinking
     started = time.perf_counter()
     episodes = asyncio.run(collect(args, prompts, opts.data_dir, opts.counterfactuals, opts.list_tools))
     if not episodes.real:
@@ -352,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                   "split_digits": None if opts.base else bool(opts.split_digits),
                   "drill": opts.drill, "drill_epochs": opts.drill_epochs if opts.drill else 0,
                   "drill_kinds": list(kinds) if opts.drill else [],
-                  "drill_losses": drill_losses, "seed": opts.seed}
+                  "drill_losses": drill_losses, "seed": opts.seed, "chat_template": opts.chat_template,
+                  "enable_thinking": opts.enable_thinking}
         (folder / "warmstart.json").write_text(json.dumps(record, indent=1))
 
     def after_epoch(epoch: int, losses: list[float]) -> None:

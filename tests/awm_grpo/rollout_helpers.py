@@ -82,6 +82,19 @@ def make_args(model_dir: Path, engine_url: str, tmp_path: Path, **awm: Any) -> a
     return args
 
 
+QWEN3_TEMPLATE = Path(__file__).resolve().parents[3] / "shared" / "qwen3" / "chat_template.jinja"
+
+
+def qwen3_template() -> str:
+    """The chat template Qwen3-4B ships, read in place from the shared folder beside the repository."""
+    if not QWEN3_TEMPLATE.is_file():
+        import pytest
+
+        pytest.fail(f"{QWEN3_TEMPLATE} is missing: the Qwen3 template tests read the template Qwen3-4B ships "
+                    "from the shared folder beside the repository (see ../shared/qwen3/README.md)")
+    return QWEN3_TEMPLATE.read_text(encoding="utf-8")
+
+
 def awm_test_fixtures() -> Any:
     """tests/awm/conftest.py as a module (its synthetic fault scenarios), under a unique name."""
     path = Path(__file__).resolve().parents[1] / "awm" / "conftest.py"

@@ -100,7 +100,7 @@ def test_cli_builds_a_domain_base_drills_it_and_records_what_it_did(tmp_path, ti
     with pytest.raises(SystemExit, match="--drill-kinds 'name,copy'"):
         main(["--data", str(tmp_path / "splits"), "--out", str(tmp_path / "x"), "--drill", "8", "--drill-kinds",
               "name,copy"])
-    with pytest.raises(SystemExit, match="--layers, --tokenizer-corpus, --split-whitespace and --split-digits shape"):
+    with pytest.raises(SystemExit, match="--layers, --tokenizer-corpus, --split-whitespace, --split-digits and --chat-template shape"):
         main(["--data", str(tmp_path / "splits"), "--out", str(tmp_path / "x"), "--base", str(tiny_model_dir),
               "--layers", "3"])
 
@@ -121,3 +121,21 @@ def test_save_every_keeps_intermediate_starts_that_differ_from_the_final_one(tmp
     assert (out / "epoch_2" / "tokenizer.json").is_file()
     a, b = load_file(out / "epoch_2" / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cli_warm_starts_a_base_that_ships_qwen3s_template(tmp_path):
+    """`--chat-template` (Qwen3-4B's) + `--enable-thinking`: the episodes, the drill and the saved model use it."""
+    from rollout_helpers import QWEN3_TEMPLATE, qwen3_template
+
+    from awm_grpo.warmstart import main
+
+    prepare(tmp_path / "splits", split_by="task", seed=42)
+    out = tmp_path / "ws"
+    assert main(["--data", str(tmp_path / "splits"), "--out", str(out), "--epochs", "1", "--layers", "1",
+                 "--drill", "4", "--drill-epochs", "1", "--chat-template", str(QWEN3_TEMPLATE),
+                 "--enable-thinking"]) == 0
+    record = json.loads((out / "warmstart.json").read_text())
+    assert record["chat_template"] == str(QWEN3_TEMPLATE) and record["enable_thinking"] is True
+    assert record["episodes"] >= 30 and len(record["losses"]) == 1 and len(record["drill_losses"]) == 1
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.chat_template == qwen3_template()

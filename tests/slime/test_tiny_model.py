@@ -174,3 +174,28 @@ def test_split_digits_gives_a_number_the_same_ids_in_a_result_and_an_answer():
     assert any(p.strip().isdigit() and len(p.strip()) > 1 for p in pieces(merged, '"price": 4.59 "id": 37 600'))
     for text in ('{"id": 37, "price": 4.59}', "2026-11-22T02:03:35"):
         assert digits.decode(digits(text)["input_ids"]) == text
+
+
+def test_cli_ships_another_chat_template_and_the_real_qwen_vocabulary(tmp_path, capsys):
+    """`--chat-template FILE --vocab qwen`: the template Qwen3-4B ships over Qwen3's real 151,669 ids."""
+    from pathlib import Path
+
+    template = Path(__file__).resolve().parents[3] / "shared" / "qwen3" / "chat_template.jinja"
+    if not template.is_file():
+        pytest.fail(f"{template} is missing: this test reads the template Qwen3-4B ships from the shared folder")
+    out = tmp_path / "qwen3-vocab"
+    main(["--out", str(out), "--chat-template", str(template), "--vocab", "qwen", "--set", "num_hidden_layers=1"])
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.chat_template == template.read_text(encoding="utf-8")
+    assert len(tok) == 151669 and tok.encode("Hello world", add_special_tokens=False) == [9707, 1879]
+    assert tok.convert_tokens_to_ids(["<|im_end|>", "<think>"]) == [151645, 151667]
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True,
+                                   enable_thinking=False)
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.vocab_size == 151669 and model.config.eos_token_id == 151645
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
+    assert model(input_ids=ids).logits.shape == (1, ids.shape[1], 151669)
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "x"), "--chat-template", str(tmp_path / "missing.jinja")])
+    assert "--chat-template" in capsys.readouterr().err
