@@ -111,6 +111,10 @@ def episode_metrics(records: Sequence[dict[str, Any]], prefix: str) -> dict[str,
     out[f"{prefix}/tool_calls_mean"] = sum(r.get("tool_calls", 0) for r in valid) / n
     out[f"{prefix}/invalid_call_rate"] = sum(r.get("invalid_calls", 0) > 0 for r in valid) / n
     out[f"{prefix}/drift_rate"] = sum(r.get("drift_tokens", 0) > 0 for r in valid) / n
+    # Qwen3 with thinking off drifts in every multi-turn episode (docs/chat-templates.md): the size per
+    # model turn says whether it is only the expected 4 tokens of each dropped empty think block.
+    turns = sum(len(r.get("turns") or []) for r in valid)
+    out[f"{prefix}/drift_tokens_per_turn"] = sum(r.get("drift_tokens", 0) for r in valid) / max(turns, 1)
     for reason, count in Counter(r.get("stop_reason") or "none" for r in valid).items():
         out[f"{prefix}/stop/{reason}"] = count / n
     for key in ("generate_s", "env_s", "verify_s"):

@@ -18,7 +18,7 @@ from rollout_helpers import make_args, qwen3_template
 
 from awm_grpo import protocol
 from awm_grpo.rollout import engine_policy, play
-from awm_grpo.traces import TRACE_KEY
+from awm_grpo.traces import TRACE_KEY, episode_metrics
 from awm_grpo.warmstart import Episodes, sft, teacher_policy
 from slime.models.tiny import build_tiny_model
 from slime.rollout.sglang_rollout import GenerateState
@@ -151,6 +151,9 @@ def test_qwen3_episode_tokens_masks_and_deltas(qwen3_served, tmp_path):
         assert incremental.count(empty_think) == 2 and rerender.count(empty_think) == 1
         assert incremental.replace(empty_think, "", 1) + "\n" == rerender
         assert awm["drift_tokens"] >= len(tok.encode(empty_think, add_special_tokens=False))
+    metrics = episode_metrics([sample.metadata[TRACE_KEY]], "awm")  # what the step's log line reports
+    assert metrics["awm/drift_rate"] == float(awm["drift_tokens"] > 0)
+    assert metrics["awm/drift_tokens_per_turn"] == awm["drift_tokens"] / 2
 
 
 def test_eval_of_a_qwen3_checkpoint_plays_the_same_rollout(qwen3_agents, tmp_path, capsys):
