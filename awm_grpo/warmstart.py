@@ -50,10 +50,10 @@ from slime.utils.types import Sample
 logger = logging.getLogger("awm_grpo.warmstart")
 
 # The architecture of the embedded default: 336k parameters with the 4,096-token vocab (tied
-# embeddings), the model of most of the README's CPU figures. Wider ones train and serve 5-10x slower
+# embeddings), the model of most of the CPU figures (docs/results.md). Wider ones train and serve 5-10x slower
 # on 2 cores (the 1.3M one did no better on held-out tasks); a deeper one is cheap, because the
 # 4,096 x 64 output layer dominates the compute: 6 layers (484k) train 1.4x slower and did best on
-# the practice set (README), measured there only: `--layers 6`.
+# the practice set (docs/results.md), measured there only: `--layers 6`.
 SMALL_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "num_key_value_heads": 2, "head_dim": 16}
 
