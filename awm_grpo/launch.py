@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from awm_grpo.config import ConfigError, ResolvedConfig, parse_sets, resolve
+from awm_grpo.config import ConfigError, ResolvedConfig, knob_table, parse_sets, resolve
 from awm_grpo.knobs import KNOBS, REPO
 from awm_grpo.processes import Children, Stopped, ignore_signals, raise_on_signals, restore_signals
 
@@ -231,6 +231,9 @@ def parse_cli(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="override a knob (dotted key or variable name, e.g. training.num_rollout=3 or LR=1e-5)")
     p.add_argument("--profile", choices=["cpu", "a100-40gb", "h100", "h200"], help="force an auto-profile")
     p.add_argument("--dry-run", action="store_true", help="resolve, check and print the command; start nothing")
+    p.add_argument("--knobs", action="store_true",
+                   help="print every knob with its variable, target and per-profile default (Markdown: docs/knobs.md), "
+                   "then exit")
     p.add_argument("--prepare-only", action="store_true",
                    help="write the splits this config needs (setup.sh uses it), then exit")
     p.add_argument("--grace", type=float, default=30.0, help="seconds children get to exit after SIGTERM")
@@ -239,6 +242,9 @@ def parse_cli(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     opts, extra = parse_cli(list(sys.argv[1:] if argv is None else argv))
+    if opts.knobs:
+        print(knob_table(), end="")
+        return 0
     logging.basicConfig(level=logging.INFO, format="[awm_grpo] %(message)s")
     try:
         sets = parse_sets(opts.sets)

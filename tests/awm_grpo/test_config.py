@@ -457,3 +457,17 @@ def test_gpu_command_is_accepted_by_slime_and_reaches_sglang():
     finalize_args(args)
     launch = launch_command(args, port=30000)
     assert launch[launch.index("--mem-fraction-static") + 1] == "0.45" and "--enable-memory-saver" in launch
+
+
+def test_the_knob_reference_in_docs_is_the_generated_table(capsys):
+    """docs/knobs.md is `run_awm_grpo.sh --knobs`'s output: a knob or default changed in knobs.py without
+    regenerating it fails here."""
+    from awm_grpo.config import knob_table
+    from awm_grpo.knobs import KNOBS
+    from awm_grpo.launch import main
+
+    table = knob_table()
+    assert main(["--knobs"]) == 0 and capsys.readouterr().out == table
+    assert all(f"`{k.env}`" in table for k in KNOBS)
+    docs = Path(__file__).resolve().parents[2] / "docs" / "knobs.md"
+    assert docs.read_text(encoding="utf-8") == table, "regenerate: bash awm_grpo/run_awm_grpo.sh --knobs > docs/knobs.md"
