@@ -6,6 +6,7 @@ that answers go to, one JSON line each, so sglang's own prints cannot corrupt th
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import io
@@ -22,7 +23,19 @@ import pydantic
 from fastapi.routing import APIRoute
 from sglang.srt.entrypoints import http_server
 from sglang.srt.entrypoints.api_contract import generate_contract_error
-from sglang.srt.server_args import prepare_server_args
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+QWEN3_VOCAB_SIZE = 151936  # SamplingParams.verify checks token ids (logit_bias, stop ids) against it
+
+
+def _abbreviated_flags(argv: list[str]) -> list[str]:
+    """Flags argparse would accept only as a prefix of a longer one (`--mem-fraction` for
+    `--mem-fraction-static`): a misspelled field that happens to be a prefix must not pass."""
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    known = set(parser._option_string_actions)
+    return [a for a in argv if a.startswith("--") and a.split("=")[0] not in known]
 
 
 def parse_server_args(argv: list[str]) -> dict[str, Any]:
@@ -33,6 +46,9 @@ def parse_server_args(argv: list[str]) -> dict[str, Any]:
             args = prepare_server_args(argv)
     except SystemExit:
         return {"error": err.getvalue().strip() or "argparse exited", "fields": {}}
+    inexact = _abbreviated_flags(argv)
+    if inexact:
+        return {"error": f"sglang took {inexact} only as abbreviations of longer flags", "fields": {}}
     fields = json.loads(json.dumps(msgspec.structs.asdict(args), default=repr))
     return {"error": None, "fields": fields}
 
@@ -140,6 +156,10 @@ def check_request(method: str, path: str, body: dict[str, Any] | None) -> list[s
         contract = generate_contract_error(body)
         if contract:
             problems.append(f"/generate contract (sglang.srt.entrypoints.api_contract): {contract}")
+        try:  # what the tokenizer manager does with the dict (normalize() needs the tokenizer: skipped)
+            SamplingParams(**(body or {}).get("sampling_params") or {}).verify(QWEN3_VOCAB_SIZE)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"sampling_params: {type(exc).__name__}: {exc}")
     return problems
 
 
