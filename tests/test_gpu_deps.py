@@ -33,7 +33,7 @@ def compile_gpu_set(python: str, tmp: Path) -> tuple[subprocess.CompletedProcess
     lock = tmp / f"pylock.py{python.replace('.', '')}.toml"
     command = [
         _uv(), "pip", "compile", str(ROOT / "pyproject.toml"), str(gpu_requirements(tmp)), "--extra", "gpu",
-        "--python-platform", PLATFORM, "--python-version", python, "--only-binary", ":all:",
+        "--python-platform", PLATFORM, "--python-version", python, "--only-binary", ":all:", "--no-python-downloads",
         "--no-header", "--quiet", "-o", str(lock),
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT), lock
