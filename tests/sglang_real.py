@@ -60,6 +60,8 @@ SIDE_PACKAGES: tuple[str, ...] = (
     "uvloop==0.23.0",
     "xgrammar==0.2.7",
 )
+# sglang-router's own launcher needs these besides the CPU venv (aiohttp, orjson, uvicorn, fastapi).
+ROUTER_SIDE_PACKAGES: tuple[str, ...] = ("setproctitle==1.3.8",)
 # Packages the side install takes from the GPU set at a different version on purpose (see above).
 SIDE_PACKAGES_OFF_GPU_SET = frozenset({"triton"})
 
@@ -103,43 +105,48 @@ def _uv() -> str:
     return found
 
 
-def _wanted() -> list[str]:
-    return [f"sglang=={pinned('sglang')}", *SIDE_PACKAGES]
-
-
-def _stamp() -> str:
-    return hashlib.sha256("\n".join([sys.version, *_wanted()]).encode()).hexdigest()
-
-
-def real_sglang() -> Path:
-    """Install the pinned sglang (no dependencies) and SIDE_PACKAGES into the side folder once; return it.
+def side_install(target: Path, wanted: list[str]) -> Path:
+    """Install `wanted` (exact pins, no dependencies) into `target` once; return it.
 
     Safe for concurrent test processes (a file lock) and for interrupted installs (the folder is
-    built next to its final place and renamed in when complete).
+    built next to its final place and renamed in when complete); reinstalled when the pins change.
     """
-    target = side_dir()
+    stamp = hashlib.sha256("\n".join([sys.version, *wanted]).encode()).hexdigest()
     stamp_file = target / ".installed"
-    if stamp_file.exists() and stamp_file.read_text() == _stamp():
+    if stamp_file.exists() and stamp_file.read_text() == stamp:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp_file.exists() and stamp_file.read_text() == _stamp():
+        if stamp_file.exists() and stamp_file.read_text() == stamp:
             return target
-        building = target.parent / "site.partial"
+        building = target.parent / f"{target.name}.partial"
         shutil.rmtree(building, ignore_errors=True)
         command = [_uv(), "pip", "install", "--python", sys.executable, "--no-deps", "--quiet",
-                   "--target", str(building), *_wanted()]
+                   "--target", str(building), *wanted]
         done = subprocess.run(command, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise SglangUnavailable(
-                f"installing the pinned sglang into {building} failed (it needs the package index, PyPI):\n"
+                f"installing {wanted[0]} into {building} failed (it needs the package index, PyPI):\n"
                 f"$ {' '.join(command)}\n{done.stderr.strip()}"
             )
-        (building / ".installed").write_text(_stamp())
+        (building / ".installed").write_text(stamp)
         shutil.rmtree(target, ignore_errors=True)
         building.rename(target)
     return target
+
+
+def real_sglang() -> Path:
+    """The pinned sglang and SIDE_PACKAGES, installed without dependencies in .cache/ (once)."""
+    return side_install(side_dir(), [f"sglang=={pinned('sglang')}", *SIDE_PACKAGES])
+
+
+def real_sglang_router() -> Path:
+    """The pinned sglang-router (a Rust binary with a Python launcher, runs on CPU) in its own folder,
+    so that putting it on sys.path exposes `sglang_router` and nothing of sglang."""
+    version = pinned("sglang-router")
+    return side_install(CACHE_DIR / f"sglang-router-{version}" / "site",
+                        [f"sglang-router=={version}", *ROUTER_SIDE_PACKAGES])
 
 
 def sglang_env(base: dict[str, str] | None = None) -> dict[str, str]:

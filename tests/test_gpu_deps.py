@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from sglang_real import SIDE_PACKAGES, SIDE_PACKAGES_OFF_GPU_SET, _uv, pinned
+from sglang_real import ROUTER_SIDE_PACKAGES, SIDE_PACKAGES, SIDE_PACKAGES_OFF_GPU_SET, _uv, pinned
 
 ROOT = Path(__file__).resolve().parents[1]
 PLATFORM = "x86_64-manylinux_2_34"
@@ -73,7 +73,7 @@ def test_gpu_set_resolves_with_the_cpu_pins_and_exact_engine(gpu_lock: dict) -> 
 def test_side_install_uses_the_gpu_set_versions(gpu_lock: dict) -> None:
     """The conformance tests import sglang next to the same helper packages a GPU machine gets."""
     found = versions(gpu_lock)
-    for requirement in SIDE_PACKAGES:
+    for requirement in SIDE_PACKAGES + ROUTER_SIDE_PACKAGES:
         name, version = requirement.split("==")
         if name not in SIDE_PACKAGES_OFF_GPU_SET:
             assert found.get(name) == version, f"{name}: side install {version}, GPU set {found.get(name)}"
