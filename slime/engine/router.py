@@ -9,8 +9,8 @@ prints `router listening on http://HOST:PORT`; in-process (tests, Ray actors):
     router = Router([url_a, url_b]); url = router.start(); ...; router.shutdown()
 
 Routing. `POST /generate` goes to one healthy engine: the one owning the request's session on a
-consistent-hash ring when a session key is given (header `X-SMG-Routing-Key`, as sglang_router's
-`consistent_hashing` policy reads it, or `X-Session-ID`, or a `session_id` field in the body, which
+consistent-hash ring when a session key is given (header `X-SMG-Routing-Key`, which sglang_router
+0.3.2's `manual` policy reads, or `X-Session-ID`, or a `session_id` field in the body, which
 is removed before forwarding), round robin otherwise. The ring holds only healthy engines, so taking
 one out re-maps just the sessions it owned. A connection failure takes the engine out of rotation
 and the request is retried on another engine (generation is stateless for the caller).
