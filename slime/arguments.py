@@ -54,7 +54,7 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
 - CI: --ci-test, --ci-train-rollout-logprob-abs-diff-threshold
 - ours: --engine-type (cpu; sglang launches real SGLang servers, GPU only, UNTESTED here),
   --rollout-router (none: rollouts spread groups over the engines themselves; slime: our router in
-  front, slime/engine/router.py; sglang: sglang_router's launch_router, UNTESTED), --router-policy,
+  front, slime/engine/router.py; sglang: sglang_router's launch_router, tested on CPU), --router-policy,
   --ray-address, --ray-num-cpus, --engine-max-batch-size, --engine-seed, --engine-prefix-cache-tokens
 
 Not implemented: --data-source-path, --buffer-filter-path (the buffer uses `pop_first`), sample
@@ -72,6 +72,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import yaml
+
+from slime.engine.router_process import SGLANG_ROUTER_POLICIES
 
 # Megatron flags that launch scripts commonly pass; slime's parser ignores what it does not use.
 _IGNORED_MEGATRON_FLAGS = (
@@ -130,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ours: rollout engine implementation (sglang: real SGLang servers, GPU)")
     g.add_argument("--rollout-router", default="none", choices=["none", "slime", "sglang"],
                    help="ours: router in front of the engines (slime: ours; sglang: sglang_router)")
-    g.add_argument("--router-policy", default=None, help="sglang_router policy (e.g. consistent_hashing)")
+    g.add_argument("--router-policy", default=None, choices=SGLANG_ROUTER_POLICIES,
+                   help="sglang_router's load-balancing policy (--rollout-router sglang; default: its cache_aware)")
     g.add_argument("--engine-max-batch-size", type=int, default=64, help="ours: CPU engine batch cap")
     g.add_argument("--engine-seed", type=int, default=0, help="ours: CPU engine sampling seed")
     g.add_argument("--engine-prefix-cache-tokens", type=int, default=1 << 16,

@@ -5,9 +5,45 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
+
+
+class Route(NamedTuple):
+    """One kind of HTTP request the project sends to an SGLang engine."""
+
+    method: str
+    path: str
+
+
+GENERATE = Route("POST", "/generate")
+HEALTH = Route("GET", "/health")
+HEALTH_GENERATE = Route("GET", "/health_generate")
+FLUSH_CACHE = Route("POST", "/flush_cache")
+MODEL_INFO = Route("GET", "/model_info")  # stock sglang's home of `weight_version` (no /get_weight_version)
+UPDATE_WEIGHTS_FROM_DISK = Route("POST", "/update_weights_from_disk")
+PAUSE_GENERATION = Route("POST", "/pause_generation")
+CONTINUE_GENERATION = Route("POST", "/continue_generation")
+RELEASE_MEMORY = Route("POST", "/release_memory_occupation")
+RESUME_MEMORY = Route("POST", "/resume_memory_occupation")
+ABORT = Route("POST", "/abort_request")
+UPDATE_WEIGHTS_FROM_TENSOR = Route("POST", "/update_weights_from_tensor")
+INIT_WEIGHTS_UPDATE_GROUP = Route("POST", "/init_weights_update_group")
+UPDATE_WEIGHTS_FROM_DISTRIBUTED = Route("POST", "/update_weights_from_distributed")
+DESTROY_WEIGHTS_UPDATE_GROUP = Route("POST", "/destroy_weights_update_group")
+
+# Every request the project sends to an engine, including what the router forwards (it relays the
+# client's method for /flush_cache and the deprecated info routes). tests/test_sglang_conformance.py
+# checks each against the pinned sglang's own FastAPI app and request structs, and fails on an
+# engine route named anywhere in the code that is missing here.
+ENGINE_ROUTES: tuple[Route, ...] = (
+    GENERATE, HEALTH, HEALTH_GENERATE, FLUSH_CACHE, Route("GET", "/flush_cache"), MODEL_INFO,
+    Route("GET", "/get_model_info"), Route("GET", "/get_server_info"), UPDATE_WEIGHTS_FROM_DISK,
+    PAUSE_GENERATION, CONTINUE_GENERATION, RELEASE_MEMORY, RESUME_MEMORY, ABORT,
+    UPDATE_WEIGHTS_FROM_TENSOR, INIT_WEIGHTS_UPDATE_GROUP, UPDATE_WEIGHTS_FROM_DISTRIBUTED,
+    DESTROY_WEIGHTS_UPDATE_GROUP,
+)
 
 
 class EngineError(RuntimeError):
@@ -30,11 +66,11 @@ class RolloutEngine(abc.ABC):
 
     def generate(self, payload: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
         """POST /generate with SGLang's body (input_ids, sampling_params, return_logprob, ...)."""
-        return self._call("POST", "/generate", payload).json()
+        return self._call(*GENERATE, payload).json()
 
     def health(self) -> bool:
         try:
-            return self._client().get(f"{self.url}/health", timeout=5.0).status_code == 200
+            return self._client().get(f"{self.url}{HEALTH.path}", timeout=5.0).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -42,7 +78,7 @@ class RolloutEngine(abc.ABC):
         """Flush the prefix cache, retrying while requests still run (slime waits up to 60 s)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            reply = self._client().post(f"{self.url}/flush_cache", timeout=10.0)
+            reply = self._client().post(f"{self.url}{FLUSH_CACHE.path}", timeout=10.0)
             if reply.status_code == 200:
                 return
             if time.monotonic() > deadline:
@@ -54,32 +90,36 @@ class RolloutEngine(abc.ABC):
         body: dict[str, Any] = {"model_path": model_path}
         if weight_version is not None:
             body["weight_version"] = weight_version
-        reply = self._call("POST", "/update_weights_from_disk", body).json()
+        reply = self._call(*UPDATE_WEIGHTS_FROM_DISK, body).json()
         if not reply.get("success"):
             raise EngineError(f"{self.url} refused the weights in {model_path}: {reply.get('message')}")
         return self.weight_version()
 
     def weight_version(self) -> str:
-        return str(self._call("GET", "/get_weight_version").json()["weight_version"])
+        """The version the engine serves, from `GET /model_info` (stock sglang has no /get_weight_version)."""
+        info = self._call(*MODEL_INFO).json()
+        if info.get("weight_version") is None:
+            raise EngineError(f"{self.url}{MODEL_INFO.path} reports no weight_version: is it an SGLang server?")
+        return str(info["weight_version"])
 
     def pause_generation(self) -> None:
-        self._call("POST", "/pause_generation", {})
+        self._call(*PAUSE_GENERATION, {})
 
     def continue_generation(self) -> None:
-        self._call("POST", "/continue_generation", {})
+        self._call(*CONTINUE_GENERATION, {})
 
     def release_memory_occupation(self) -> None:
         """Free the engine's model memory (weights, KV cache, CUDA graphs) for a colocated trainer.
         Generation fails until `resume_memory_occupation`; released weights must be re-sent."""
-        self._call("POST", "/release_memory_occupation", {})
+        self._call(*RELEASE_MEMORY, {})
 
     def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         """Re-allocate the given memory kinds (`weights`, `kv_cache`, `cuda_graph`; all when None)."""
-        self._call("POST", "/resume_memory_occupation", {"tags": list(tags)} if tags is not None else {})
+        self._call(*RESUME_MEMORY, {"tags": list(tags)} if tags is not None else {})
 
     def abort(self, rid: str | None = None) -> None:
         """Abort one request by rid, or all requests when rid is None."""
-        self._call("POST", "/abort_request", {"rid": rid} if rid is not None else {"abort_all": True})
+        self._call(*ABORT, {"rid": rid} if rid is not None else {"abort_all": True})
 
     def _client(self) -> httpx.Client:
         client = getattr(self, "_http", None)

@@ -181,12 +181,10 @@ def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
             return JSONResponse({"success": False, "message": f"Failed to resume memory: {exc}"}, status_code=400)
         return JSONResponse({"success": True, "message": "Succeeded to resume memory occupation."})
 
-    @app.get("/get_weight_version")
-    async def get_weight_version() -> JSONResponse:
-        return JSONResponse({"weight_version": batcher.weight_version})
-
-    @app.get("/get_model_info")
-    async def get_model_info() -> JSONResponse:
+    @app.get("/model_info")
+    @app.get("/get_model_info")  # sglang's deprecated spelling, still served by 0.5.23
+    async def model_info() -> JSONResponse:
+        """Where stock sglang serves `weight_version` (it has no /get_weight_version)."""
         return JSONResponse({
             "model_path": batcher.model_path,
             "tokenizer_path": tokenizer_path,

@@ -9,16 +9,16 @@ prints `router listening on http://HOST:PORT`; in-process (tests, Ray actors):
     router = Router([url_a, url_b]); url = router.start(); ...; router.shutdown()
 
 Routing. `POST /generate` goes to one healthy engine: the one owning the request's session on a
-consistent-hash ring when a session key is given (header `X-SMG-Routing-Key`, as sglang_router's
-`consistent_hashing` policy reads it, or `X-Session-ID`, or a `session_id` field in the body, which
+consistent-hash ring when a session key is given (header `X-SMG-Routing-Key`, which sglang_router
+0.3.2's `manual` policy reads, or `X-Session-ID`, or a `session_id` field in the body, which
 is removed before forwarding), round robin otherwise. The ring holds only healthy engines, so taking
 one out re-maps just the sessions it owned. A connection failure takes the engine out of rotation
 and the request is retried on another engine (generation is stateless for the caller).
 
 Fan-out. `/flush_cache`, `/update_weights_from_disk`, `/abort_request`, `/pause_generation`,
-`/continue_generation`, `/health_generate` and `/get_weight_version` go to every engine in rotation
-and the replies are combined (one non-200 reply makes the whole reply non-200; weight versions must
-agree). The last successful `update_weights_from_disk` body is remembered: an engine that joins or
+`/continue_generation`, `/health_generate` and `/model_info` go to every engine in rotation and the
+replies are combined (one non-200 reply makes the whole reply non-200; the `weight_version`s of
+`/model_info`, where stock sglang serves it, must agree). The last successful `update_weights_from_disk` body is remembered: an engine that joins or
 comes back after a failure is loaded with it before it re-enters rotation, so it never serves stale
 weights. An engine that cannot be reached during a fan-out is taken out of rotation too.
 
@@ -54,7 +54,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from slime.engine.base import EngineError, RolloutEngine
+from slime.engine.base import MODEL_INFO, EngineError, RolloutEngine
 
 logger = logging.getLogger(__name__)
 
@@ -285,17 +285,20 @@ class Router(RolloutEngine):
         async def update_weights_from_disk(request: Request) -> JSONResponse:
             return await router._update_weights(client["http"], await request.json())
 
-        @app.get("/get_weight_version")
-        async def get_weight_version() -> JSONResponse:
-            replies = await router._fan_out(client["http"], "GET", "/get_weight_version", None)
+        @app.get(MODEL_INFO.path)
+        async def model_info() -> JSONResponse:
+            """One engine's model info, if every engine reports the same `weight_version` (stock
+            sglang serves the version here; it has no /get_weight_version)."""
+            replies = await router._fan_out(client["http"], *MODEL_INFO, None)
             if not replies:
                 return _no_engine_reply()
-            versions = {url: r.json().get("weight_version") if r.status_code == 200 else None
-                        for url, r in replies.items()}
+            infos = {url: _json_or_text(r) if r.status_code == 200 else None for url, r in replies.items()}
+            versions = {url: info.get("weight_version") if isinstance(info, dict) else None
+                        for url, info in infos.items()}
             if len(set(versions.values())) != 1 or None in versions.values():
                 return JSONResponse({"error": {"message": "engines disagree on the weight version"},
                                      "engines": versions}, status_code=409)
-            return JSONResponse({"weight_version": next(iter(versions.values())), "engines": versions})
+            return JSONResponse({**next(iter(infos.values())), "engines": versions})
 
         @app.get("/health")
         async def health() -> JSONResponse:

@@ -2,8 +2,9 @@
 
 UNTESTED HERE: SGLang needs a CUDA GPU (platform-facts.md section 6), and this machine has none.
 What the CPU tests cover: the command line built from slime-style arguments (`launch_command`, a pure
-function), the error when sglang is missing, and the process handling (own process group, wait for
-`/health_generate`, stop by killing the group) against a stand-in server.
+function), parsed by the pinned sglang's own `prepare_server_args` (tests/slime/test_sglang_conformance.py,
+tests/awm_grpo/test_gpu_dry_run.py), the error when sglang is missing, and the process handling (own
+process group, wait for `/health_generate`, stop by killing the group) against a stand-in server.
 
 The server runs in its own process group (`start_new_session=True`): SGLang forks a scheduler and a
 detokenizer process per TP rank, and killing the group stops all of them, where killing the launcher

@@ -19,9 +19,9 @@ from slime.engine.router_process import RouterProcess, router_command
 def test_router_commands():
     assert router_command("slime", "10.0.0.1", 30000, python="py") == [
         "py", "-m", "slime.engine.router", "--host", "10.0.0.1", "--port", "30000"]
-    assert router_command("sglang", "10.0.0.1", 30000, policy="consistent_hashing", python="py") == [
+    assert router_command("sglang", "10.0.0.1", 30000, policy="round_robin", metrics_port=30001, python="py") == [
         "py", "-m", "sglang_router.launch_router", "--host", "10.0.0.1", "--port", "30000",
-        "--policy", "consistent_hashing"]
+        "--prometheus-port", "30001", "--policy", "round_robin"]
     with pytest.raises(ValueError, match="router kind"):
         router_command("nginx", "h", 1)
 

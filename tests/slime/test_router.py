@@ -60,9 +60,9 @@ class FakeEngine:
             self.weight_version = body.get("weight_version", "1")
             return JSONResponse({"success": True, "message": "ok"})
 
-        @app.get("/get_weight_version")
-        async def get_weight_version() -> JSONResponse:
-            return JSONResponse({"weight_version": self.weight_version})
+        @app.get("/model_info")
+        async def model_info() -> JSONResponse:
+            return JSONResponse({"model_path": "/m", "weight_version": self.weight_version})
 
         self.server = BackgroundServer(app, port=port)
         self.url = self.server.start()
@@ -201,7 +201,7 @@ def test_flush_is_busy_while_any_engine_is_busy(router, fakes):
 def test_weight_versions_must_agree(router, fakes):
     fakes[1].weight_version = "7"
 
-    reply = HTTP.get(f"{router.url}/get_weight_version", timeout=5)
+    reply = HTTP.get(f"{router.url}/model_info", timeout=5)
 
     assert reply.status_code == 409
     assert reply.json()["engines"][fakes[1].url] == "7"
