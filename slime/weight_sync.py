@@ -370,15 +370,12 @@ class TensorWeightSync(WeightSync):
 
     def _send_nccl(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], engines: Sequence[RolloutEngine],
                    version: int) -> None:
-        import torch.distributed as dist
-
         device = "cuda" if self.backend == "nccl" else "cpu"
         with ThreadPoolExecutor(max_workers=len(engines)) as pool:
             for bucket in buckets:
                 payload = distributed_update_payload(bucket, self.group_name, version)
                 posts = [pool.submit(_post_ok, e, "/update_weights_from_distributed", payload) for e in engines]
-                for _, tensor in bucket:  # the engines receive in the announced order
-                    dist.broadcast(tensor.to(device), group=self._group, group_src=0)
+                broadcast_bucket(bucket, self._group, device)
                 for post in posts:
                     post.result()
 
@@ -394,6 +391,16 @@ class TensorWeightSync(WeightSync):
                 logger.warning("could not destroy the weight update group on %s: %s", engine.url, exc)
         dist.destroy_process_group(self._group)
         self._group = None
+
+
+def broadcast_bucket(bucket: Sequence[tuple[str, torch.Tensor]], group: Any, device: str | torch.device) -> int:
+    """Broadcast a bucket's tensors from rank 0 of `group`, one by one in the announced order (SGLang's
+    receive loop posts one broadcast per announced name, in order); returns the bytes sent."""
+    import torch.distributed as dist
+
+    for _, tensor in bucket:
+        dist.broadcast(tensor.to(device), group=group, group_src=0)
+    return sum(tensor_bytes(tensor) for _, tensor in bucket)
 
 
 @contextmanager
