@@ -150,11 +150,13 @@ def hf_named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
 
 def trainer_hf_tensors(trainer: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """The trainer's weights in HF names: its own `hf_named_tensors()` where its model is not an HF
-    module (the Megatron backend converts `decoder.layers.*`), else `hf_named_tensors(model)`."""
+    module (the Megatron backend converts `decoder.layers.*`), else `hf_named_tensors(trainer.model)`;
+    an `nn.Module` passed as `trainer` is sent as it is."""
     own = getattr(trainer, "hf_named_tensors", None)
     if callable(own):
         return own()
-    return hf_named_tensors(trainer.model if hasattr(trainer, "model") else trainer)
+    # An HF model is sent as itself: its `.model` attribute is the inner decoder, without the `model.` prefix.
+    return hf_named_tensors(trainer if isinstance(trainer, torch.nn.Module) else trainer.model)
 
 
 def hf_name(name: str) -> str:
@@ -287,7 +289,8 @@ class TensorWeightSync(WeightSync):
     `/update_weights_from_distributed` and broadcast from rank 0 while the engines receive it.
     Call `close()` to destroy the group. `engine_tp_sizes` gives each engine's TP size.
     `backend="gloo"` sends from host memory instead (the CPU conformance tests; engines must have
-    been asked to join with gloo too, which `init_group_payload` does).
+    been asked to join with gloo too, which `init_group_payload` does). `group_timeout_s` bounds the
+    rendezvous and every collective of the group.
     """
 
     def __init__(
@@ -301,6 +304,7 @@ class TensorWeightSync(WeightSync):
         group_name: str = "slime_weight_update",
         ipc_group: Any = None,
         backend: str = "nccl",
+        group_timeout_s: float = 600.0,
         flush_timeout_s: float = 60.0,
     ):
         super().__init__(flush_timeout_s=flush_timeout_s)
@@ -311,7 +315,7 @@ class TensorWeightSync(WeightSync):
         self.mode, self.bucket_bytes, self.backend = mode, bucket_bytes, backend
         self.engine_tp_sizes = list(engine_tp_sizes) if engine_tp_sizes is not None else None
         self.master_address, self.master_port, self.group_name = master_address, master_port, group_name
-        self.ipc_group = ipc_group
+        self.ipc_group, self.group_timeout_s = ipc_group, group_timeout_s
         self._group: Any = None
         self._engines: list[RolloutEngine] = []
 
@@ -364,7 +368,7 @@ class TensorWeightSync(WeightSync):
                                                     self.backend))
                      for engine, offset in zip(engines, offsets, strict=True)]
             self._group = init_custom_group(self.backend, f"tcp://{self.master_address}:{port}", world_size, 0,
-                                            self.group_name)
+                                            self.group_name, timeout_s=self.group_timeout_s)
             for join in joins:
                 join.result()
 
