@@ -5,8 +5,8 @@
 Prints `listening on http://127.0.0.1:PORT` and serves the engine routes `TensorWeightSync` calls.
 What runs is sglang 0.5.23's code from the HTTP body on:
 
-  body   -> sglang.srt.managers.io_struct request struct, validated as sglang's FastAPI app does (pydantic
-            through the structs' own core schema): a missing or mistyped field answers 422
+  body   -> sglang.srt.managers.io_struct request struct, as sglang's http_server declares its routes
+            (FastAPI, `Annotated[<struct>, Body()]`): a missing or mistyped field answers 422
   struct -> SchedulerWeightUpdaterManager (sglang's scheduler side: the begin/end session, refusing
             updates outside it, the receive, the version record)
          -> TpModelWorker.init_weights_update_group / destroy_weights_update_group
@@ -20,18 +20,18 @@ the scheduler's `record_weight_version_change` records the version, and `/pause_
 are http_server's: 200 on success, 400 with {"success": false, "message": ...} otherwise.
 """
 
-from __future__ import annotations
-
-import json
+# No `from __future__ import annotations`: FastAPI reads each endpoint's body type from its signature.
+import socket
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
-from typing import Any
+from typing import Annotated, Any
 
-import pydantic
 import torch
 import torch.distributed as dist
+import uvicorn
+from fastapi import Body, FastAPI
+from fastapi.responses import JSONResponse
 from sglang.srt.managers import io_struct
 from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
 from sglang.srt.managers.tp_worker import TpModelWorker
@@ -100,48 +100,40 @@ ROUTES = {  # path -> (io_struct request class, manager method)
 NO_OP = ("/pause_generation", "/continue_generation", "/flush_cache")
 
 
-def serve(out: str) -> None:
+def build_app(out: str) -> FastAPI:
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)  # sglang's TP group
     runner, versions = RecordingRunner(), []
     manager = scheduler_manager(TpWorker(runner), versions)
-    lock = threading.Lock()
+    lock = threading.Lock()  # one weight-update call at a time, as sglang's scheduler loop runs them
+    app = FastAPI()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length) or b"{}")
-            if self.path in NO_OP:
-                return self._answer(200, {"success": True, "message": "no requests run here"})
-            if self.path not in ROUTES:
-                return self._answer(404, {"detail": "Not Found"})
-            struct, method = ROUTES[self.path]
-            try:
-                request = pydantic.TypeAdapter(struct).validate_python(body)
-            except pydantic.ValidationError as exc:
-                return self._answer(422, {"detail": str(exc)})
-            if self.path == "/init_weights_update_group":  # blocks until the trainer meets it: no lock
-                reply = getattr(manager, method)(request)
+    def add_route(path: str, struct: type, method: str) -> None:
+        def endpoint(obj: Annotated[struct, Body()]) -> JSONResponse:
+            if path == "/init_weights_update_group":  # blocks until the trainer meets it
+                reply = getattr(manager, method)(obj)
             else:
                 with lock:
-                    reply = getattr(manager, method)(request)
-            if self.path == "/end_weight_update" and reply.success:
+                    reply = getattr(manager, method)(obj)
+            if path == "/end_weight_update" and reply.success:
                 torch.save({"loaded": runner.loaded, "sessions": runner.sessions, "versions": versions}, out)
-            self._answer(200 if reply.success else 400, {"success": reply.success, "message": reply.message})
+            return JSONResponse({"success": reply.success, "message": reply.message},
+                                status_code=200 if reply.success else 400)
 
-        def _answer(self, status: int, content: dict[str, Any]) -> None:
-            data = json.dumps(content).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+        app.post(path)(endpoint)  # a plain def: FastAPI runs it in its thread pool
 
-        def log_message(self, *args: Any) -> None:
-            pass
+    for path, (struct, method) in ROUTES.items():
+        add_route(path, struct, method)
+    for path in NO_OP:
+        app.post(path)(lambda: {"success": True, "message": "no requests run here"})
+    return app
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    print(f"listening on http://127.0.0.1:{server.server_address[1]}", flush=True)
-    server.serve_forever()
+
+def serve(out: str) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(out), log_level="warning"))
+    print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    server.run(sockets=[sock])
 
 
 if __name__ == "__main__":
