@@ -143,9 +143,10 @@ def hf_named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
         if not isinstance(tensor, torch.Tensor) or (tied and name == "lm_head.weight") or id(tensor) in seen:
             continue
         seen.add(id(tensor))
+        tensor = tensor.detach()  # keep_vars gave the parameter itself: no autograd graph for the gather
         if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor: all-gather the shards
             tensor = tensor.full_tensor()
-        yield name, tensor.detach()
+        yield name, tensor
 
 
 def trainer_hf_tensors(trainer: Any) -> Iterator[tuple[str, torch.Tensor]]:
