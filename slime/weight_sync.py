@@ -17,8 +17,9 @@ written against SGLang 0.5.23's `/update_weights_from_tensor` (CUDA IPC handles,
 format) and `/init_weights_update_group` + `/update_weights_from_distributed` (NCCL broadcast), both
 inside `/begin_weight_update` ... `/end_weight_update`. On CPU, tests/slime/test_weight_sync_sglang.py
 forms the update group over gloo between this module and SGLang's own `init_custom_process_group`
-and receives a bucket with SGLang's own receive code; tests/gpu/device_check.sh runs the NCCL group
-on one GPU. The full NCCL path against a live SGLang server has not run here.
+and receives a bucket with SGLang's own receive code; tests/gpu/device_check.sh streams the weights
+over a one-rank NCCL group on one GPU (written, not yet run on a GPU). The full NCCL path against a
+live SGLang server has not run here.
 """
 
 from __future__ import annotations
