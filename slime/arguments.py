@@ -2,7 +2,10 @@
 
 Launch scripts written for slime run unchanged as far as the flags below go; flags this trainer
 does not implement are rejected with a message (argparse), not silently ignored, except Megatron's
-parallelism and architecture flags, which are accepted and ignored as slime's own parser does.
+tuning and architecture flags (`_IGNORED_MEGATRON_FLAGS`), which are accepted and ignored as slime's
+own parser does. Megatron's parallel sizes (--tensor-model-parallel-size, ...) are accepted at 1 only,
+and --bf16 with --train-backend fsdp only: no backend here implements the rest, so a value that would
+change the run is refused instead of dropped.
 Every key of the YAML given by `--custom-config-path` is `setattr` onto `args` (plugins read them).
 
 Supported slime flags, by group (defaults are slime's unless marked "ours"):
@@ -15,7 +18,8 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
   `torch` (HF model; N = actor nodes x GPUs per node data-parallel ranks, gradients summed over
   gloo on CPU / nccl on GPU), `fsdp` (ours, slime's old FSDP backend name: the torch backend with
   FSDP2 parameter/gradient/optimizer sharding, required on GPU for Qwen3-4B on 80 GB cards; `--bf16`
-  then computes in bf16 with fp32 weights), `megatron` (a megatron-core GPTModel
+  then computes in bf16 with fp32 weights; `--bf16` is refused with the other backends, which train
+  in fp32), `megatron` (a megatron-core GPTModel
   with TP = PP = 1 trained by the torch loop, needs megatron-core from the gpu extra; CPU-tested when
   installed, GPU untested; see slime/backends/megatron_backend.py); --recompute-granularity full (HF gradient checkpointing +
   LM-head chunk recompute) or selective (LM-head chunks only)
@@ -41,7 +45,8 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
   --loss-type (policy_loss, sft_loss: masked NLL with the same aggregation; custom_loss is not implemented)
 - optimizer: --lr, --clip-grad, --seed, --weight-decay, --adam-beta1, --adam-beta2, --adam-eps,
   --lr-warmup-iters, --max-tokens-per-gpu, --micro-batch-size (caps samples per micro-batch)
-- weights: --update-weight-transport (disk; nccl with --engine-type sglang, GPU only, UNTESTED),
+- weights: --update-weight-transport (disk; nccl with --engine-type sglang on separate GPUs, GPU only:
+  refused with --colocate, see `finalize_args`),
   --update-weight-disk-dir, --update-weight-disk-keep-files, --update-weights-interval,
   --update-weight-buffer-size
 - checkpoints: --load, --save, --save-interval, --start-rollout-id
@@ -61,7 +66,7 @@ Not implemented: --data-source-path, --buffer-filter-path (the buffer uses `pop_
 filters, sample hooks, --rm-type built-ins, --partial-rollout, --kl-coef (KL in the reward: use
 --use-kl-loss), critic-side flags beyond those above (--critic-num-nodes, ...), --loss-type
 custom_loss, CUDA-IPC weight transport in the loop (TensorWeightSync(mode="ipc") exists, unwired),
-tensor/pipeline parallelism.
+tensor/pipeline/context/expert parallelism (sizes other than 1 are refused), bf16 outside fsdp.
 """
 
 from __future__ import annotations
@@ -77,13 +82,7 @@ from slime.engine.router_process import SGLANG_ROUTER_POLICIES
 
 # Megatron flags that launch scripts commonly pass; slime's parser ignores what it does not use.
 _IGNORED_MEGATRON_FLAGS = (
-    "--tensor-model-parallel-size",
-    "--pipeline-model-parallel-size",
-    "--context-parallel-size",
-    "--expert-model-parallel-size",
-    "--expert-tensor-parallel-size",
     "--optimizer",
-    "--bf16",
     "--sequence-parallel",
     "--use-dynamic-batch-size",
     "--recompute-method",
@@ -97,9 +96,18 @@ _IGNORED_MEGATRON_FLAGS = (
 )
 
 
+# Megatron's model-parallel sizes: accepted at 1 (launch scripts spell them out), refused otherwise.
+_PARALLEL_SIZE_FLAGS = (
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--context-parallel-size",
+    "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size",
+)
+
+
 class ArgumentError(ValueError):
     """Flags that parse but contradict each other."""
-
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train-backend", default="torch", choices=["torch", "fsdp", "megatron"],
                    help="torch: replicated data parallel; fsdp: FSDP2 sharding; megatron: megatron-core model, TP=PP=1")
     g.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
+    g.add_argument("--bf16", action="store_true",
+                   help="bf16 compute with fp32 weights and optimizer state (--train-backend fsdp only)")
+    for flag in _PARALLEL_SIZE_FLAGS:
+        g.add_argument(flag, type=int, default=1, help="Megatron's parallel size: only 1 is implemented")
     g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"],
                    help="full: gradient checkpointing of every layer; selective: LM-head chunks only")
     g.add_argument("--engine-type", default="cpu", choices=["cpu", "sglang"],
@@ -303,6 +315,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def check_backend(args: argparse.Namespace) -> None:
+    """Refuse what no train backend implements instead of silently training something else."""
+    for flag in _PARALLEL_SIZE_FLAGS:
+        size = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if size != 1:
+            raise ArgumentError(f"{flag} {size}: model parallelism is not implemented by any --train-backend here "
+                                "(megatron runs TP = PP = 1). Use --train-backend fsdp, which shards weights, "
+                                "gradients and optimizer state over the train ranks, and leave the flag at 1")
+    if args.bf16 and args.train_backend != "fsdp":
+        raise ArgumentError(f"--bf16 is implemented by --train-backend fsdp only (bf16 compute, fp32 weights and "
+                            f"optimizer); the {args.train_backend} backend trains in fp32. Use --train-backend fsdp "
+                            "--bf16, or drop --bf16")
+
+
 def apply_custom_config(args: argparse.Namespace, path: str) -> None:
     """setattr every key of the YAML mapping at `path` onto `args` (slime's contract)."""
     with open(path) as f:
@@ -328,8 +354,14 @@ def finalize_args(args: argparse.Namespace) -> None:
         raise ArgumentError("--use-kl-loss needs a non-zero --kl-loss-coef")
     if args.actor_num_nodes * args.actor_num_gpus_per_node < 1:
         raise ArgumentError("--actor-num-nodes x --actor-num-gpus-per-node must be >= 1")
+    check_backend(args)
     if args.update_weight_transport == "nccl" and args.engine_type != "sglang":
         raise ArgumentError("--update-weight-transport nccl needs --engine-type sglang (the CPU engine loads from disk)")
+    if args.update_weight_transport == "nccl" and args.colocate:
+        raise ArgumentError("--update-weight-transport nccl cannot run with --colocate: a trainer rank and an engine "
+                            "on the same GPU cannot both be ranks of one NCCL communicator. Use "
+                            "--update-weight-transport disk (the default) with --colocate, or drop --colocate so "
+                            "that the engines get GPUs of their own")
     if args.rollout_num_gpus is None:
         args.rollout_num_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node if args.colocate else 1
     # slime: --colocate implies both offloads. The CPU engine shares host memory, not a GPU, so there

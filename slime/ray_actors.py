@@ -142,7 +142,7 @@ class TrainActor:
 
     def update_weights_tensor(self, engine_urls: list[str], tp_sizes: list[int], version: int,
                               bucket_bytes: int) -> str:
-        """NCCL weight sync to SGLang engines (GPU only, UNTESTED HERE): rank 0 broadcasts, FSDP
+        """NCCL weight sync to SGLang engines (GPU only; see slime/weight_sync.py): rank 0 broadcasts, FSDP
         followers take part in gathering the full tensors."""
         return self._fan_out("update_weights_tensor", engine_urls, tp_sizes, version, bucket_bytes,
                              ray.util.get_node_ip_address())

@@ -131,13 +131,22 @@ class Run:
     # ---- setup, weights, eval ------------------------------------------------------------------
 
     async def setup(self) -> int:
-        """Ray, actors, checkpoint; returns the first step to run."""
+        """Ray, engines, trainer, checkpoint, first weight sync; returns the first step to run.
+
+        Engines start first and (colocated, --offload-rollout) release their memory before the trainer
+        is built: an SGLang engine sizes its KV cache from the GPU memory free when it starts, so a
+        trainer loading its weights meanwhile would leave it too little or run the GPU out of memory
+        (upstream slime starts the rollout engines and offloads them before it creates the trainer)."""
         args = self.args
         self.ray_actors.init_ray(args)
         placement = self.ray_actors.create_placement(args)
+        self.engines = self.ray_actors.EnginePool(args, placement)
+        await self.engines.start()
+        if args.offload_rollout:
+            await self.engines.release_memory()
         self.trainer = self.ray_actors.TrainActor.options(**placement.options(placement.train_bundle, "train")).remote(
             self.args)
-        self.engines = self.ray_actors.EnginePool(args, placement)
+        await self.trainer.pid.remote()  # built (weights in memory) before the engines take memory back
         self.critic = None
         if args.advantage_estimator == "ppo" and not args.custom_advantage_function_path:
             from slime.critic import create_critic_actor
@@ -159,10 +168,9 @@ class Run:
             logger.info("--load %s holds no checkpoint yet: starting from %s", args.load, args.hf_checkpoint)
         if args.start_rollout_id is not None:
             start = args.start_rollout_id
-        await self.engines.start()
+        await self.resume_engine_weights()
         await self.sync_weights(start)  # engines serve the trainer's weights from the first step
-        if args.offload_train:
-            await self.trainer.offload.remote()  # the first rollout has the GPU
+        await self.hand_gpu_to_engines()  # the first rollout has the GPU
         return start
 
     async def sync_weights(self, version: int) -> None:

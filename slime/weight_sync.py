@@ -12,10 +12,14 @@ In a training run `slime.engine.pool.EnginePool.sync_weights` picks the path fro
 `--update-weight-transport`: disk, or nccl, where the train actor runs `TensorWeightSync("nccl")` on
 `EngineClient`s (engines started by other actors, reached by URL).
 
-`DiskWeightSync` works everywhere and is the only path on CPU. `TensorWeightSync` is GPU-only and
-UNTESTED HERE: it is written against SGLang's `/update_weights_from_tensor` (CUDA IPC handles,
-`flattened_bucket` format) and `/init_weights_update_group` + `/update_weights_from_distributed`
-(NCCL broadcast) endpoints; its CPU tests cover bucketing, name conversion and payloads only.
+`DiskWeightSync` works everywhere and is the only path on CPU. `TensorWeightSync` needs CUDA; it is
+written against SGLang 0.5.23's `/update_weights_from_tensor` (CUDA IPC handles, `flattened_bucket`
+format) and `/init_weights_update_group` + `/update_weights_from_distributed` (NCCL broadcast), both
+inside `/begin_weight_update` ... `/end_weight_update`. On CPU, tests/slime/test_weight_sync_sglang.py
+forms the update group over gloo between this module and SGLang's own `init_custom_process_group`
+and receives a bucket with SGLang's own receive code; tests/gpu/device_check.sh streams the weights
+over a one-rank NCCL group on one GPU (written, not yet run on a GPU). The full NCCL path against a
+live SGLang server has not run here.
 """
 
 from __future__ import annotations
@@ -129,20 +133,32 @@ class DiskWeightSync(WeightSync):
 
 def hf_named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, full tensor) for every weight an engine loads: wrapper prefixes stripped, a tied
-    `lm_head.weight` skipped (the engine ties it to the embedding itself), DTensor shards gathered."""
+    `lm_head.weight` skipped (the engine ties it to the embedding itself), DTensor shards gathered.
+
+    A parameter reachable under two names is sent once, judged by the parameter object itself: the
+    address of a gathered copy says nothing (a freed gather's memory is reused by the next one)."""
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     seen: set[int] = set()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in model.state_dict(keep_vars=True).items():
         name = hf_name(name)
-        if tied and name == "lm_head.weight":
+        if not isinstance(tensor, torch.Tensor) or (tied and name == "lm_head.weight") or id(tensor) in seen:
             continue
+        seen.add(id(tensor))
+        tensor = tensor.detach()  # keep_vars gave the parameter itself: no autograd graph for the gather
         if hasattr(tensor, "full_tensor"):  # FSDP2 DTensor: all-gather the shards
             tensor = tensor.full_tensor()
-        key = tensor.data_ptr()
-        if key in seen and tensor.numel() > 0:  # another name for storage already sent
-            continue
-        seen.add(key)
-        yield name, tensor.detach()
+        yield name, tensor
+
+
+def trainer_hf_tensors(trainer: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The trainer's weights in HF names: its own `hf_named_tensors()` where its model is not an HF
+    module (the Megatron backend converts `decoder.layers.*`), else `hf_named_tensors(trainer.model)`;
+    an `nn.Module` passed as `trainer` is sent as it is."""
+    own = getattr(trainer, "hf_named_tensors", None)
+    if callable(own):
+        return own()
+    # An HF model is sent as itself: its `.model` attribute is the inner decoder, without the `model.` prefix.
+    return hf_named_tensors(trainer if isinstance(trainer, torch.nn.Module) else trainer.model)
 
 
 def hf_name(name: str) -> str:
@@ -262,8 +278,8 @@ def _sglang_serializer() -> tuple[Callable[[Any], str], type]:
 
 
 class TensorWeightSync(WeightSync):
-    """GPU-only, UNTESTED HERE. Weights go straight from trainer GPU memory to the engines, bucket by
-    bucket, in HF names.
+    """GPU-only (see the module docstring for what ran where). Weights go straight from trainer GPU
+    memory to the engines, bucket by bucket, in HF names, inside one `update_session`.
 
     mode="ipc" (colocated): each bucket is flattened on the trainer's GPU and its CUDA IPC handle is
     posted to `/update_weights_from_tensor`; the engine maps the same memory. With engine TP > 1 the
@@ -274,6 +290,9 @@ class TensorWeightSync(WeightSync):
     every engine GPU (`/init_weights_update_group`); each bucket is announced with
     `/update_weights_from_distributed` and broadcast from rank 0 while the engines receive it.
     Call `close()` to destroy the group. `engine_tp_sizes` gives each engine's TP size.
+    `backend="gloo"` sends from host memory instead (the CPU conformance tests; engines must have
+    been asked to join with gloo too, which `init_group_payload` does). `group_timeout_s` bounds the
+    rendezvous and every collective of the group.
     """
 
     def __init__(
@@ -286,29 +305,33 @@ class TensorWeightSync(WeightSync):
         master_port: int | None = None,
         group_name: str = "slime_weight_update",
         ipc_group: Any = None,
+        backend: str = "nccl",
+        group_timeout_s: float = 600.0,
         flush_timeout_s: float = 60.0,
     ):
         super().__init__(flush_timeout_s=flush_timeout_s)
         if mode not in ("ipc", "nccl"):
             raise ValueError(f"mode must be 'ipc' (colocated, CUDA IPC) or 'nccl' (separate GPUs), got {mode!r}")
-        self.mode, self.bucket_bytes = mode, bucket_bytes
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"backend must be 'nccl' (GPU) or 'gloo' (host memory, tests), got {backend!r}")
+        self.mode, self.bucket_bytes, self.backend = mode, bucket_bytes, backend
         self.engine_tp_sizes = list(engine_tp_sizes) if engine_tp_sizes is not None else None
         self.master_address, self.master_port, self.group_name = master_address, master_port, group_name
-        self.ipc_group = ipc_group
+        self.ipc_group, self.group_timeout_s = ipc_group, group_timeout_s
         self._group: Any = None
         self._engines: list[RolloutEngine] = []
 
     def _transfer(self, trainer: Any, engines: Sequence[RolloutEngine], version: int) -> None:
-        if not torch.cuda.is_available():
+        if (self.mode == "ipc" or self.backend == "nccl") and not torch.cuda.is_available():
             raise EngineError("TensorWeightSync needs CUDA; on CPU use DiskWeightSync")
-        model = trainer.model if hasattr(trainer, "model") else trainer
-        buckets = bucket_named_tensors(hf_named_tensors(model), self.bucket_bytes)
-        if self.mode == "ipc":
-            self._send_ipc(buckets, engines, version)
-        else:
-            if self._group is None:
-                self.connect(engines)
-            self._send_nccl(buckets, engines, version)
+        buckets = bucket_named_tensors(trainer_hf_tensors(trainer), self.bucket_bytes)
+        if self.mode == "nccl" and self._group is None:
+            self.connect(engines)
+        with update_session(engines):
+            if self.mode == "ipc":
+                self._send_ipc(buckets, engines, version)
+            else:
+                self._send_nccl(buckets, engines, version)
 
     # -- CUDA IPC --
 
@@ -332,33 +355,33 @@ class TensorWeightSync(WeightSync):
     # -- NCCL --
 
     def connect(self, engines: Sequence[RolloutEngine]) -> None:
-        """Form the update group: engines join through their endpoint while this process joins as rank 0."""
-        import torch.distributed as dist
+        """Form the update group: engines join through their endpoint while this process joins as rank 0.
 
+        No barrier afterwards: SGLang's side returns from `/init_weights_update_group` once its ranks
+        formed the group and never joins a collective it was not asked for, so a barrier here would
+        wait forever. The first broadcast is the first collective both sides run."""
         self._engines = list(engines)
         tp_sizes = self.engine_tp_sizes or [1] * len(engines)
         offsets, world_size = engine_rank_offsets(tp_sizes)
         port = self.master_port or free_port()
         with ThreadPoolExecutor(max_workers=len(engines)) as pool:
             joins = [pool.submit(_post_ok, engine, "/init_weights_update_group",
-                                 init_group_payload(self.master_address, port, offset, world_size, self.group_name))
+                                 init_group_payload(self.master_address, port, offset, world_size, self.group_name,
+                                                    self.backend))
                      for engine, offset in zip(engines, offsets, strict=True)]
-            self._group = init_custom_group("nccl", f"tcp://{self.master_address}:{port}", world_size, 0,
-                                            self.group_name)
+            self._group = init_custom_group(self.backend, f"tcp://{self.master_address}:{port}", world_size, 0,
+                                            self.group_name, timeout_s=self.group_timeout_s)
             for join in joins:
                 join.result()
-        dist.barrier(group=self._group, device_ids=[torch.cuda.current_device()])
 
     def _send_nccl(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], engines: Sequence[RolloutEngine],
                    version: int) -> None:
-        import torch.distributed as dist
-
+        device = "cuda" if self.backend == "nccl" else "cpu"
         with ThreadPoolExecutor(max_workers=len(engines)) as pool:
             for bucket in buckets:
                 payload = distributed_update_payload(bucket, self.group_name, version)
                 posts = [pool.submit(_post_ok, e, "/update_weights_from_distributed", payload) for e in engines]
-                for _, tensor in bucket:  # the engines receive in the announced order
-                    dist.broadcast(tensor.cuda(), group=self._group, group_src=0)
+                broadcast_bucket(bucket, self._group, device)
                 for post in posts:
                     post.result()
 
@@ -376,6 +399,29 @@ class TensorWeightSync(WeightSync):
         self._group = None
 
 
+def broadcast_bucket(bucket: Sequence[tuple[str, torch.Tensor]], group: Any, device: str | torch.device) -> int:
+    """Broadcast a bucket's tensors from rank 0 of `group`, one by one in the announced order (SGLang's
+    receive loop posts one broadcast per announced name, in order); returns the bytes sent."""
+    import torch.distributed as dist
+
+    for _, tensor in bucket:
+        dist.broadcast(tensor.to(device), group=group, group_src=0)
+    return sum(tensor_bytes(tensor) for _, tensor in bucket)
+
+
+@contextmanager
+def update_session(engines: Sequence[RolloutEngine]) -> Iterator[None]:
+    """SGLang (0.5.23) loads tensors only inside `/begin_weight_update` ... `/end_weight_update`
+    (outside it `/update_weights_from_distributed` and `/update_weights_from_tensor` answer 400).
+    The session is closed even when the transfer fails: an engine left with an open session refuses
+    the next `/begin_weight_update`."""
+    _each(engines, lambda e: _post_ok(e, "/begin_weight_update", {}))
+    try:
+        yield
+    finally:
+        _each(engines, lambda e: _post_ok(e, "/end_weight_update", {}))
+
+
 def _post_ok(engine: RolloutEngine, path: str, body: dict[str, Any]) -> dict[str, Any]:
     reply = engine._call("POST", path, body).json()
     if isinstance(reply, dict) and reply.get("success") is False:
@@ -383,17 +429,21 @@ def _post_ok(engine: RolloutEngine, path: str, body: dict[str, Any]) -> dict[str
     return reply
 
 
-def init_custom_group(backend: str, init_method: str, world_size: int, rank: int, group_name: str) -> Any:
+def init_custom_group(backend: str, init_method: str, world_size: int, rank: int, group_name: str, *,
+                      timeout_s: float = 600.0) -> Any:
     """A process group next to (not replacing) the default one, formed the way SGLang's engine side
-    forms it (`rendezvous` + `_new_process_group_helper` under the same group name), so both ends
-    meet. Works with gloo too, which is how the CPU test exercises it."""
+    forms it (sglang.srt.utils.common.init_custom_process_group: `rendezvous`, the store wrapped in
+    `PrefixStore(group_name, ...)`, `_new_process_group_helper` under the same group name), so both
+    ends read and write the same store keys. Works with gloo too, which is how the CPU tests form it
+    against SGLang's own function (tests/slime/test_weight_sync_sglang.py)."""
     from datetime import timedelta
 
     import torch.distributed.distributed_c10d as c10d
 
-    timeout = timedelta(minutes=10)
+    timeout = timedelta(seconds=timeout_s)
     store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
+    store = c10d.PrefixStore(group_name, store)  # SGLang's side keys the NCCL id exchange under group_name
     group, _ = c10d._new_process_group_helper(
         world_size, rank, [], backend, store, group_name=group_name, timeout=timeout
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from slime.backends.log_probs import LogProbForward
 from slime.backends.megatron_convert import (
     gpt_model_kwargs,
     hf_to_megatron,
+    iter_megatron_to_hf,
     megatron_to_hf,
     transformer_config_kwargs,
 )
@@ -175,6 +177,12 @@ class MegatronTrainer(TorchTrainer):
     def _full_hf_state(self) -> dict[str, Tensor]:
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items() if isinstance(v, Tensor)}
         return megatron_to_hf(state, self.hf_config)
+
+    def hf_named_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """The live weights in HF names, layer by layer (what a tensor weight sync sends): engines load
+        `model.layers.*`, never the GPTModel's `decoder.layers.*`."""
+        state = {k: v.detach() for k, v in self.model.state_dict().items() if isinstance(v, Tensor)}
+        yield from iter_megatron_to_hf(state, self.hf_config)
 
     def _hf_writer(self) -> _HFWriter:
         return _HFWriter(self.hf_config)

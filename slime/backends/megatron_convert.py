@@ -18,7 +18,7 @@ Layouts (h hidden, d head dim, nq query heads, g = KV groups, r = nq / g):
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -214,3 +214,21 @@ def megatron_to_hf(state: Mapping[str, Tensor], config: Any) -> dict[str, Tensor
         else:
             raise ValueError(f"no HF name for Megatron weight {name!r}")
     return out
+
+
+def iter_megatron_to_hf(state: Mapping[str, Tensor], config: Any) -> Iterator[tuple[str, Tensor]]:
+    """`megatron_to_hf`, one decoder layer (or one top-level weight) at a time, in state-dict order.
+
+    A weight sync streams these into buckets: converting layer by layer keeps the copies that splitting
+    q/k/v makes down to one layer's worth instead of the whole model's."""
+    group: dict[str, Tensor] = {}
+    current = None
+    for name, tensor in state.items():
+        m = re.match(r"^decoder\.layers\.(\d+)\.", name)
+        key = m.group(1) if m else name
+        if group and key != current:
+            yield from megatron_to_hf(group, config).items()
+            group = {}
+        group[name], current = tensor, key
+    if group:
+        yield from megatron_to_hf(group, config).items()

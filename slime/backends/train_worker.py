@@ -96,17 +96,17 @@ class TrainWorker:
 
     def update_weights_tensor(self, engine_urls: list[str], tp_sizes: list[int], version: int, bucket_bytes: int,
                               master_address: str) -> str:
-        """NCCL broadcast of the weights to SGLang engines (GPU only, UNTESTED HERE).
+        """NCCL broadcast of the weights to SGLang engines (GPU only; see slime/weight_sync.py for what ran).
 
         Rank 0 runs `TensorWeightSync("nccl")` (pause, flush, bucketed broadcast, continue); under
         FSDP the other ranks iterate the same full tensors so that every all-gather has all ranks.
         """
         from slime.engine.base import EngineClient
-        from slime.weight_sync import TensorWeightSync, hf_named_tensors
+        from slime.weight_sync import TensorWeightSync, trainer_hf_tensors
 
         if self.rank != 0:
             if self.trainer.dp.fsdp:
-                for _ in hf_named_tensors(self.trainer.model):
+                for _ in trainer_hf_tensors(self.trainer):
                     pass
             return str(version)
         if self._tensor_sync is None:

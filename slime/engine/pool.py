@@ -8,9 +8,11 @@ syncs weights:
 
 - disk (`--update-weight-transport disk`, everywhere): the trainer exports HF safetensors, every
   engine loads them with `/update_weights_from_disk` (`update_weights` / `sync_weights`);
-- nccl (`--update-weight-transport nccl`, SGLang on GPU, UNTESTED HERE): `sync_weights` asks the
-  train actor to broadcast its weights bucket by bucket (`TensorWeightSync`); an engine restarted
-  later gets a disk export of the current weights and the trainer re-forms its NCCL group.
+- nccl (`--update-weight-transport nccl`, SGLang engines on GPUs of their own; refused with
+  --colocate): `sync_weights` asks the train actor to broadcast its weights bucket by bucket
+  (`TensorWeightSync`, checked over gloo against sglang's own receiving code; never run against a
+  live SGLang server here); an engine restarted later gets a disk export of the current weights
+  and the trainer re-forms its NCCL group.
 """
 
 from __future__ import annotations

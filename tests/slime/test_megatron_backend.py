@@ -79,3 +79,16 @@ def test_megatron_model_trains_like_the_hf_model_and_round_trips(megatron_env, m
     tol = 0 if DEVICE == "cpu" else 1e-6  # exact on CPU; GPU kernels may sum in another order
     assert got["loss"] == pytest.approx(expected["loss"], rel=tol, abs=0)
     assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=tol, abs=0)
+
+
+def test_tensor_weight_sync_sends_hf_names_from_the_megatron_trainer(megatron_env, model_dir):
+    """Issue 20: a tensor sync from the Megatron backend sent `decoder.layers.*` names, which no engine loads."""
+    from slime.backends.megatron_backend import MegatronTrainer
+    from slime.weight_sync import trainer_hf_tensors
+
+    expected = TorchTrainer(str(model_dir), TrainerConfig(), device=DEVICE).model.state_dict()
+    sent = dict(trainer_hf_tensors(MegatronTrainer(str(model_dir), TrainerConfig(), device=DEVICE)))
+
+    assert sorted(sent) == sorted(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(sent[name], value, atol=0, rtol=0, msg=name)

@@ -12,6 +12,7 @@ from slime.backends.megatron_convert import (
     fuse_qkv,
     gpt_model_kwargs,
     hf_to_megatron,
+    iter_megatron_to_hf,
     megatron_to_hf,
     padded_vocab_size,
     split_qkv,
@@ -140,3 +141,17 @@ def test_a_real_megatron_gpt_model_takes_the_weights_and_computes_the_same_logit
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
+
+
+def test_streamed_conversion_matches_the_whole_state_conversion():
+    """`iter_megatron_to_hf` (what a tensor weight sync streams) gives `megatron_to_hf`'s names and tensors."""
+    model = qwen3(tied=False)
+    config, hf = model.config, model.state_dict()
+    megatron = hf_to_megatron(hf, config)
+
+    streamed = list(iter_megatron_to_hf(megatron, config))
+
+    assert [name for name, _ in streamed] == list(megatron_to_hf(megatron, config))
+    assert sorted(name for name, _ in streamed) == sorted(hf)
+    for name, tensor in streamed:
+        assert torch.equal(tensor, hf[name]), name

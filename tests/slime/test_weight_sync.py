@@ -251,3 +251,36 @@ def test_update_group_forms_beside_the_default_group_and_broadcasts():
         dist.destroy_process_group(group)
         if receiver.poll() is None:
             receiver.kill()
+
+
+GATHERING_RANK = """
+import sys
+from slime.backends.distributed import init_data_parallel
+from slime.backends.torch_backend import TorchTrainer, TrainerConfig
+from slime.weight_sync import trainer_hf_tensors
+model_dir, rank, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dp = init_data_parallel(rank, 2, "127.0.0.1", port, fsdp=True, timeout_minutes=1)
+trainer = TorchTrainer(model_dir, TrainerConfig(), device="cpu", dp=dp)
+names = [name for name, _ in trainer_hf_tensors(trainer)]  # each gathered copy is dropped at once
+if rank == 0:
+    print(len(names), len(set(names)), flush=True)
+dp.close()
+"""
+
+
+def test_fsdp_gathers_send_every_weight_once(model_dir):
+    """Issue 20: de-duplicating by the address of freshly gathered tensors skipped weights (a freed
+    gather's memory is reused by the next one); two real FSDP2 ranks must send every weight once."""
+    from transformers import AutoConfig
+
+    from slime.utils.misc import free_port
+
+    config = AutoConfig.from_pretrained(model_dir)
+    expected = [k for k in Qwen3ForCausalLM(config).state_dict() if not (config.tie_word_embeddings
+                                                                         and k == "lm_head.weight")]
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, "-c", GATHERING_RANK, str(model_dir), str(r), str(port)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [rank.communicate(timeout=120) for rank in ranks]
+    assert all(rank.returncode == 0 for rank in ranks), [err[-2000:] for _, err in outs]
+    assert outs[0][0].split() == [str(len(expected))] * 2

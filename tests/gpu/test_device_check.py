@@ -1,0 +1,29 @@
+"""The device check script (tests/gpu/device_check.sh) runs end to end on the CPU with the tiny model:
+every check prints its figures and the weight stream sends every tensor of the trainer in HF names.
+On a GPU machine the same script runs the full-size checks and tests/slime/test_gpu.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_device_check_script_runs_every_cpu_check_and_sends_every_weight():
+    env = dict(os.environ, PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(["bash", "tests/gpu/device_check.sh", "--device", "cpu", "--small"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    checks = {line["check"]: line for line in map(json.loads, (ln for ln in proc.stdout.splitlines()
+                                                                  if ln.startswith('{"check"')))}
+    assert sorted(checks) == ["env", "fsdp_bf16_step", "offload", "weight_send"]  # nccl_two_ranks: GPU only
+    assert checks["fsdp_bf16_step"]["finite"] and checks["fsdp_bf16_step"]["step_s"] > 0
+    assert checks["offload"]["back_on_device"]
+    send = checks["weight_send"]
+    assert send["backend"] == "gloo" and send["every_name"] and send["tensors"] == send["model_tensors"] == 25
+    assert "== device_check done: status 0" in proc.stdout
