@@ -37,7 +37,16 @@ from typing import Any
 
 import torch
 
-from slime.engine.base import EngineError, RolloutEngine
+from slime.engine.base import (
+    BEGIN_WEIGHT_UPDATE,
+    DESTROY_WEIGHTS_UPDATE_GROUP,
+    END_WEIGHT_UPDATE,
+    INIT_WEIGHTS_UPDATE_GROUP,
+    UPDATE_WEIGHTS_FROM_DISTRIBUTED,
+    UPDATE_WEIGHTS_FROM_TENSOR,
+    EngineError,
+    RolloutEngine,
+)
 from slime.utils.misc import free_port
 
 logger = logging.getLogger(__name__)
@@ -348,7 +357,7 @@ class TensorWeightSync(WeightSync):
                 per_rank = [None] * dist.get_world_size(self.ipc_group)
                 dist.all_gather_object(per_rank, mine, group=self.ipc_group)
             payload = tensor_update_payload(per_rank, version)
-            _each(engines, lambda e, body=payload: _post_ok(e, "/update_weights_from_tensor", body))
+            _each(engines, lambda e, body=payload: _post_ok(e, UPDATE_WEIGHTS_FROM_TENSOR.path, body))
             del flat  # the engine has copied it once the post returned
         torch.cuda.synchronize()
 
@@ -365,7 +374,7 @@ class TensorWeightSync(WeightSync):
         offsets, world_size = engine_rank_offsets(tp_sizes)
         port = self.master_port or free_port()
         with ThreadPoolExecutor(max_workers=len(engines)) as pool:
-            joins = [pool.submit(_post_ok, engine, "/init_weights_update_group",
+            joins = [pool.submit(_post_ok, engine, INIT_WEIGHTS_UPDATE_GROUP.path,
                                  init_group_payload(self.master_address, port, offset, world_size, self.group_name,
                                                     self.backend))
                      for engine, offset in zip(engines, offsets, strict=True)]
@@ -380,7 +389,7 @@ class TensorWeightSync(WeightSync):
         with ThreadPoolExecutor(max_workers=len(engines)) as pool:
             for bucket in buckets:
                 payload = distributed_update_payload(bucket, self.group_name, version)
-                posts = [pool.submit(_post_ok, e, "/update_weights_from_distributed", payload) for e in engines]
+                posts = [pool.submit(_post_ok, e, UPDATE_WEIGHTS_FROM_DISTRIBUTED.path, payload) for e in engines]
                 broadcast_bucket(bucket, self._group, device)
                 for post in posts:
                     post.result()
@@ -392,7 +401,7 @@ class TensorWeightSync(WeightSync):
 
         for engine in self._engines:
             try:
-                _post_ok(engine, "/destroy_weights_update_group", {"group_name": self.group_name})
+                _post_ok(engine, DESTROY_WEIGHTS_UPDATE_GROUP.path, {"group_name": self.group_name})
             except EngineError as exc:
                 logger.warning("could not destroy the weight update group on %s: %s", engine.url, exc)
         dist.destroy_process_group(self._group)
@@ -415,11 +424,11 @@ def update_session(engines: Sequence[RolloutEngine]) -> Iterator[None]:
     (outside it `/update_weights_from_distributed` and `/update_weights_from_tensor` answer 400).
     The session is closed even when the transfer fails: an engine left with an open session refuses
     the next `/begin_weight_update`."""
-    _each(engines, lambda e: _post_ok(e, "/begin_weight_update", {}))
+    _each(engines, lambda e: _post_ok(e, BEGIN_WEIGHT_UPDATE.path, {}))
     try:
         yield
     finally:
-        _each(engines, lambda e: _post_ok(e, "/end_weight_update", {}))
+        _each(engines, lambda e: _post_ok(e, END_WEIGHT_UPDATE.path, {}))
 
 
 def _post_ok(engine: RolloutEngine, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,8 @@ UPDATE_WEIGHTS_FROM_TENSOR = Route("POST", "/update_weights_from_tensor")
 INIT_WEIGHTS_UPDATE_GROUP = Route("POST", "/init_weights_update_group")
 UPDATE_WEIGHTS_FROM_DISTRIBUTED = Route("POST", "/update_weights_from_distributed")
 DESTROY_WEIGHTS_UPDATE_GROUP = Route("POST", "/destroy_weights_update_group")
+BEGIN_WEIGHT_UPDATE = Route("POST", "/begin_weight_update")  # sglang 0.5.23 loads tensors only inside
+END_WEIGHT_UPDATE = Route("POST", "/end_weight_update")  # a begin ... end session (slime.weight_sync)
 
 # Every request the project sends to an engine, including what the router forwards (it relays the
 # client's method for /flush_cache and the deprecated info routes). tests/test_sglang_conformance.py
@@ -42,7 +44,7 @@ ENGINE_ROUTES: tuple[Route, ...] = (
     Route("GET", "/get_model_info"), Route("GET", "/get_server_info"), UPDATE_WEIGHTS_FROM_DISK,
     PAUSE_GENERATION, CONTINUE_GENERATION, RELEASE_MEMORY, RESUME_MEMORY, ABORT,
     UPDATE_WEIGHTS_FROM_TENSOR, INIT_WEIGHTS_UPDATE_GROUP, UPDATE_WEIGHTS_FROM_DISTRIBUTED,
-    DESTROY_WEIGHTS_UPDATE_GROUP,
+    DESTROY_WEIGHTS_UPDATE_GROUP, BEGIN_WEIGHT_UPDATE, END_WEIGHT_UPDATE,
 )
 
 

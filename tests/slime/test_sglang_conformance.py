@@ -168,6 +168,8 @@ def weight_sync_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Route, A
     sync._group, sync._engines = object(), [recorder.client()]
     monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda group: None)
     sync.close()
+    with weight_sync.update_session([recorder.client()]):  # every tensor update happens inside one
+        pass
     return sent + recorder.requests
 
 
