@@ -24,7 +24,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from slime.engine.pool import EngineActor, EnginePool, EngineStartError, _quiet_transformers
+from slime.engine.pool import EngineActor, EnginePool, EngineStartError, quiet_transformers
 from slime.utils.misc import free_port
 
 __all__ = ["EngineActor", "EnginePool", "EngineStartError", "Placement", "TrainActor", "create_placement",
@@ -100,7 +100,7 @@ class TrainActor:
 
         from slime.backends.train_worker import TrainWorker, world_size
 
-        _quiet_transformers()
+        quiet_transformers()
         torch.set_num_threads(max(os.cpu_count() or 1, 1))
         world = world_size(args)
         self.followers: list[Any] = []

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     """No per-save / per-load progress bars from transformers in actor logs (one a weight sync)."""
     from transformers.utils import logging as hf_logging
 
@@ -51,7 +51,7 @@ class EngineActor:
 
         from slime.engine.cpu_server import CPUEngine
 
-        _quiet_transformers()
+        quiet_transformers()
         torch.set_num_threads(max(os.cpu_count() or 1, 1))
         self.engine = CPUEngine(model_path, host="127.0.0.1", port=port, seed=seed, max_batch_size=max_batch_size,
                                 prefix_cache_tokens=prefix_cache_tokens)

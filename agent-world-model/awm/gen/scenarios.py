@@ -20,9 +20,9 @@ from typing import Any
 from awm.data import normalize_scenario_name, read_jsonl
 from awm.gen import prompts
 from awm.gen.checks import Invalid
+from awm.gen.jobs import Job, StageRun
 from awm.gen.records import read_records
 from awm.gen.replies import parse_json
-from awm.gen.runner import Job, StageRun
 
 MIN_DESCRIPTION_WORDS = 30
 

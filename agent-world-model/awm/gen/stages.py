@@ -19,9 +19,9 @@ from awm.gen import prompts
 from awm.gen.checks import check_sample, check_schema, check_spec, check_tasks
 from awm.gen.config import REJECTS_FILE, TASKS_PER_SCENARIO
 from awm.gen.execution import check_env, check_sql_verifier, check_verifier
+from awm.gen.jobs import Job, StageRun
 from awm.gen.records import index_by_scenario, read_records, record_key, rejected_keys
 from awm.gen.replies import ReplyError, parse_json, parse_object, parse_python
-from awm.gen.runner import Job, StageRun
 
 # stage -> the earlier stages whose records it reads (file of each: GenConfig.path)
 NEEDS = {"task": ("scenario",), "db": ("scenario", "task"), "sample": ("task", "db"), "spec": ("task", "db"),
