@@ -225,14 +225,16 @@ class Run:
         args = self.args
         restarts_before = self.engines.restarts
         await self.engines.ensure_healthy()
-        watchdog = asyncio.create_task(self.engines.watch(args.rollout_health_check_interval))
+        stop_watch = asyncio.Event()
+        watchdog = asyncio.create_task(self.engines.watch(args.rollout_health_check_interval, stop_watch))
         rollout_fn = load_function(args.rollout_function_path)
         extra = {"on_failure": self.engines.ensure_healthy} if rollout_fn is generate_rollout else {}
         started = time.perf_counter()
         try:
             result = await call_rollout_fn(rollout_fn, args, rollout_id, self.data_source, evaluation=False, **extra)
         finally:
-            watchdog.cancel()
+            stop_watch.set()
+            await watchdog  # a restart it began belongs to this step
         finished = time.perf_counter()
         metrics: dict[str, Any] = {"rollout/time_s": finished - started, **(result.metrics or {})}
         flat = [s for g in result.samples for s in g]

@@ -210,11 +210,16 @@ class EnginePool:
         self._path_version = self.weight_version
         await self._trainer.reset_tensor_sync.remote()  # the next sync re-forms the group with the new engine
 
-    async def watch(self, interval_s: float) -> None:
-        """Health-check every `interval_s` seconds until cancelled (run beside a step's generation)."""
-        while True:
-            await asyncio.sleep(interval_s)
-            await self.ensure_healthy()
+    async def watch(self, interval_s: float, stop: asyncio.Event) -> None:
+        """Health-check every `interval_s` seconds until `stop` is set (run beside a step's generation).
+
+        Stopping lets a restart in progress finish instead of cancelling it: a cancelled restart
+        would leave the engine half started and count in no step's `rollout/engine_restarts`."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+            except TimeoutError:
+                await self.ensure_healthy()
 
     async def update_weights(self, path: str, version: str) -> None:
         """Point every engine at the HF folder `path` (disk transport) and record it for restarts."""
