@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -32,6 +33,7 @@ from typing import Any
 
 LIVE_FILE = "live.jsonl"
 TRACE_KEY = "awm_trace"
+logger = logging.getLogger("awm_grpo")
 
 
 def _append_line(path: Path, record: dict[str, Any]) -> None:
@@ -127,11 +129,25 @@ def episode_metrics(records: Sequence[dict[str, Any]], prefix: str) -> dict[str,
     return out
 
 
+def summary_line(label: str, records: Sequence[dict[str, Any]], metrics: dict[str, float], prefix: str) -> str:
+    """One aligned console line for a step or an eval set: what a person watches. Every metric
+    (about a hundred with the recovery ones) goes to metrics.jsonl and TensorBoard instead."""
+    rewards = [r["reward"] for r in records if r.get("reward") is not None and not r.get("infra_error")]
+    reward = f"{sum(rewards) / len(rewards):+.3f}" if rewards else "   n/a"
+    get = lambda key: metrics.get(f"{prefix}/{key}", float("nan"))  # noqa: E731
+    return (f"{label:<16} episodes {len(records):4d} | success {get('success_rate'):6.1%} | reward {reward} | "
+            f"turns {get('turns_mean'):4.1f} | invalid calls {get('invalid_call_rate'):6.1%} | "
+            f"infra failures {int(metrics.get(f'{prefix}/infra_failures', 0)):3d}")
+
+
 def log_rollout(rollout_id: int, args: argparse.Namespace, samples: Sequence[Any], rollout_extra_metrics: Any = None,
                 rollout_time: float | None = None) -> dict[str, float]:
     """slime hook after each training rollout: write traces, return metrics (merged by slime.train)."""
     records = _flush(args, samples, f"rollout_{rollout_id:06d}")
-    return {**episode_metrics(records, "awm"), **_recovery(args, records, "awm/recovery")}
+    metrics = {**episode_metrics(records, "awm"), **_recovery(args, records, "awm/recovery")}
+    if records:
+        logger.info(summary_line(f"step {rollout_id + 1} rollout", records, metrics, "awm"))
+    return metrics
 
 
 def log_eval(rollout_id: int, args: argparse.Namespace, data: dict[str, Any], extra_metrics: Any = None) -> dict[str, float]:
@@ -141,6 +157,8 @@ def log_eval(rollout_id: int, args: argparse.Namespace, data: dict[str, Any], ex
         records = _flush(args, result.get("samples") or [], f"eval_{name}_{rollout_id:06d}")
         metrics.update(episode_metrics(records, f"eval_awm/{name}"))
         metrics.update(_recovery(args, records, f"eval_awm/{name}/recovery"))
+        if records:
+            logger.info(summary_line(f"eval {name} @{rollout_id}", records, metrics, f"eval_awm/{name}"))
     return metrics
 
 

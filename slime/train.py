@@ -187,15 +187,17 @@ class Run:
         fn = load_function(args.eval_function_path or args.rollout_function_path)
         started = time.perf_counter()
         out = await call_rollout_fn(fn, args, step, self.data_source, evaluation=True)
-        metrics: dict[str, Any] = {**eval_metrics(args, out.data), **(out.metrics or {})}
+        own = eval_metrics(args, out.data)
+        metrics: dict[str, Any] = {**own, **(out.metrics or {})}
         path = args.custom_eval_rollout_log_function_path
         if path:
             hook = await call_log_hook(load_function(path), path, step, args, out.data, out.metrics)
             metrics = {**({} if hook.skip_default else metrics), **hook.metrics}
         metrics["eval/time_s"] = time.perf_counter() - started
         self.metrics.log(step, metrics, kind="eval")
-        logger.info("eval after %d steps: %s", step,
-                    " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, int | float)))
+        shown = {k: v for k, v in metrics.items() if (k in own or k == "eval/time_s") and isinstance(v, int | float)}
+        logger.info("eval after %d steps: %s (%d metrics in metrics.jsonl and TensorBoard)", step,
+                    " ".join(f"{k}={v:.4g}" for k, v in shown.items()), len(metrics))
 
     # ---- colocated GPUs: slime's memory hand-over (--offload-rollout / --offload-train) ----------
 

@@ -105,7 +105,7 @@ def test_drift_check_reports_a_non_canonical_tokenisation(tiny_model_dir, engine
     assert len(chars) > 1 and s.metadata["awm"]["drift_tokens"] > 0
 
 
-def test_wrong_write_is_scored_zero_and_traced_with_state_hashes(tiny_model_dir, engine, tmp_path):
+def test_wrong_write_is_scored_zero_and_traced_with_state_hashes(tiny_model_dir, engine, tmp_path, caplog):
     args = make_args(tiny_model_dir, engine.url, tmp_path)
     engine.reply(call("checkout_copy", copy_id=3), "Checked out.")
     s = run(args)
@@ -113,8 +113,13 @@ def test_wrong_write_is_scored_zero_and_traced_with_state_hashes(tiny_model_dir,
     trace = s.metadata["awm_trace"]
     state = trace["turns"][0]["state"]
     assert len(state["state_hash"]) >= 16 and state["changes"], "a write must show up in the change summary"
-    metrics = log_rollout(0, args, [s])
+    with caplog.at_level("INFO", logger="awm_grpo"):
+        metrics = log_rollout(0, args, [s])
     assert metrics["awm/success_rate"] == 0.0 and metrics["awm/episodes"] == 1.0
+    # the console gets one short line a step; the hundred metrics go to files
+    assert [r.getMessage() for r in caplog.records] == [
+        "step 1 rollout   episodes    1 | success   0.0% | reward +0.000 | turns  2.0 | invalid calls   0.0% | "
+        "infra failures   0"]
     lines = (tmp_path / "traces" / "rollout_000000.jsonl").read_text().splitlines()
     record = json.loads(lines[0])
     assert record["reward"] == 0.0 and record["turns"][0]["calls"][0]["name"] == "checkout_copy"
