@@ -76,7 +76,8 @@ class EnvRuntime:
                  episode_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  clock: str | None = None, seed: int = 0, call_timeout_s: float = 10.0,
                  load_timeout_s: float = 120.0, verifier_timeout_s: float = 10.0,
-                 verifier_rule: str = "last_valid", exclude: Any = (), dataset: AWMDataset | None = None) -> None:
+                 verifier_rule: str = "last_valid", exclude: Any = (), dataset: AWMDataset | None = None,
+                 sandbox_workers: bool = True) -> None:
         cache = Path(cache_dir) if cache_dir else default_cache_dir()
         self.dataset = dataset or AWMDataset(data_dir or bundled_data_dir(), verifier_rule=verifier_rule,
                                              cache_dir=cache, exclude=exclude)
@@ -88,7 +89,8 @@ class EnvRuntime:
         self.episode_dir = Path(tempfile.mkdtemp(prefix="awm-episodes-", dir=root))
         # Episode files live in RAM (/dev/shm): delete them even if close() is never called.
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.episode_dir), True)
-        self.pool = WorkerPool(num_workers, scratch_dir=self.episode_dir)
+        self.pool = WorkerPool(num_workers, scratch_dir=self.episode_dir, read_dirs=(str(self.templates.root),),
+                               lockdown=sandbox_workers)
         self._lock = threading.Lock()
         self._template_locks: dict[str, threading.Lock] = {}
         self._templates: dict[str, tuple[Path, BuildReport]] = {}
@@ -204,7 +206,7 @@ class EnvRuntime:
         try:
             tools = await self._load(slot, scenario)
             template, _ = self._templates[scenario]
-            db_path = self.episode_dir / f"{episode_id}.db"
+            db_path = Path(self.pool.worker_dir(slot)) / f"{episode_id}.db"
             shutil.copyfile(template, db_path)
             generation = slot.generation
             await self._rpc(slot, generation, "open", {"episode": episode_id, "scenario": scenario,
@@ -339,8 +341,13 @@ class Episode:
         source = Path(path).resolve()
         if not source.is_file():
             raise FileNotFoundError(f"state file {source} does not exist")
+        staged = self.db_path.with_name(f"{self.id}.load.db")  # the worker reads only its own dir
         async with self._busy:
-            await self._rpc("restore", {"source": str(source)})
+            await asyncio.to_thread(shutil.copyfile, source, staged)
+            try:
+                await self._rpc("restore", {"source": str(staged)})
+            finally:
+                staged.unlink(missing_ok=True)
 
     def state_hash(self) -> str:
         """Logical hash of the current DB content (for traces and replay checks)."""

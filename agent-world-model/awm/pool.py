@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import signal
@@ -119,9 +120,12 @@ class WorkerPool:
     """Processes, request routing, deadlines, crash recovery and episode placement."""
 
     def __init__(self, num_workers: int | None = None, *, max_scenarios: int = 64,
-                 scratch_dir: str | os.PathLike[str] | None = None) -> None:
+                 scratch_dir: str | os.PathLike[str] | None = None, read_dirs: tuple[str, ...] = (),
+                 lockdown: bool = True) -> None:
         self.num_workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
         self.scratch_dir = str(scratch_dir or tempfile.gettempdir())  # owner deletes it: killed workers can't
+        self.read_dirs = tuple(str(d) for d in read_dirs)  # what workers may read besides Python itself
+        self.lockdown = lockdown
         self.max_scenarios = max_scenarios
         self._ids = itertools.count(1)
         self._closed = False
@@ -140,14 +144,23 @@ class WorkerPool:
         return self
 
     # ---- processes -------------------------------------------------------------------
+    def worker_dir(self, slot: WorkerSlot) -> str:
+        """The only directory worker `slot` may write: its episodes' DBs and snapshots live here."""
+        return os.path.join(self.scratch_dir, f"worker-{slot.index}")
+
     def _spawn(self, slot: WorkerSlot) -> None:
         parent_sock, child_sock = socket.socketpair()
+        workdir = self.worker_dir(slot)
+        os.makedirs(workdir, exist_ok=True)
         env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(__file__)),
                                                         env.get("PYTHONPATH", "")] if p)
-        slot.proc = subprocess.Popen([sys.executable, "-m", "awm.worker", str(child_sock.fileno()), self.scratch_dir],
+        env["TMPDIR"] = workdir  # SQLite's and tempfile's scratch files stay where the worker may write
+        config = json.dumps({"dir": workdir, "read": self.read_dirs, "lockdown": self.lockdown})
+        # cwd is the worker's dir: `-m` puts it first on sys.path, and sys.path entries are readable
+        slot.proc = subprocess.Popen([sys.executable, "-m", "awm.worker", str(child_sock.fileno()), config],
                                      pass_fds=(child_sock.fileno(),), env=env, start_new_session=True,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, cwd=workdir)
         child_sock.close()
         parent_sock.setblocking(False)
         slot.pending, slot.loaded, slot.episodes = OrderedDict(), OrderedDict(), {}

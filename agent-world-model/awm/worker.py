@@ -1,7 +1,11 @@
 """The environment worker process: hosts scenario apps and the episode DB connections.
 
-Started by `awm.pool.WorkerPool` as `python -m awm.worker <fd>` with an allow-listed
-environment (generated code never sees API keys). Requests arrive over a socket as
+Started by `awm.pool.WorkerPool` as `python -m awm.worker <fd> <config>` with an allow-listed
+environment (generated code never sees API keys). Before serving, the worker locks itself down
+with the verifier sandbox's pieces (`awm.sandbox.Lockdown`): generated code runs in a process
+with no network, no capabilities, no new processes (threads only), no sockets, no ptrace, and,
+by Landlock, read access to the interpreter, libraries and scenario templates only (no /proc, so
+no other process's environment or memory) and write access to this worker's own directory only. Requests arrive over a socket as
 `(request_id, op, payload)` frames and are served one at a time, in order, by an asyncio loop
 that awaits each app call directly: handlers of AWM code are blocking SQLAlchemy work, so
 concurrency inside one process would buy nothing and would let episodes interleave on shared
@@ -14,6 +18,7 @@ episode's DB file; reset, snapshot and restore go through it (SQLite backup API)
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -26,6 +31,7 @@ from typing import Any
 
 from awm import wire
 from awm.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env, unload_env
+from awm.sandbox import Lockdown
 
 log = logging.getLogger("awm.worker")
 
@@ -38,10 +44,12 @@ class Worker:
         self.envs: dict[str, LoadedEnv] = {}
         self.episodes: dict[str, tuple[str, EpisodeDB]] = {}
         self.scratch = tempfile.mkdtemp(prefix="awm-worker-", dir=scratch_root)
+        self.protections: dict[str, Any] = {}
 
     # ops -----------------------------------------------------------------------------
     def op_ping(self, _: dict) -> dict:
-        return {"pid": os.getpid(), "scenarios": sorted(self.envs), "episodes": len(self.episodes)}
+        return {"pid": os.getpid(), "scenarios": sorted(self.envs), "episodes": len(self.episodes),
+                "protections": self.protections}
 
     def op_load(self, p: dict) -> dict:
         scenario = p["scenario"]
@@ -120,10 +128,21 @@ class Worker:
                            "traceback": "".join(traceback.format_exc(limit=-4))}
 
 
-async def serve(sock: socket.socket, scratch_root: str | None = None) -> None:
-    """Read frames, answer each in order; return when the parent closes the socket."""
-    reader, writer = await asyncio.open_unix_connection(sock=sock)
-    worker, buffer = Worker(scratch_root), bytearray()
+def lock_down(config: dict[str, Any]) -> dict[str, Any]:
+    """Apply the sandbox to this process (it is single-threaded here, so every later thread inherits it)."""
+    if not config.get("lockdown", True):
+        return {"lockdown": False}
+    lockdown = Lockdown(tuple(config.get("read", ())), (config["dir"],), threads=True)
+    lockdown.apply(None)
+    return {"lockdown": True, **lockdown.describe()}
+
+
+async def serve(sock: socket.socket, config: dict[str, Any]) -> None:
+    """Lock down, then read frames and answer each in order; return when the parent closes the socket."""
+    reader, writer = await asyncio.open_unix_connection(sock=sock)  # the event loop's own sockets exist now
+    protections = lock_down(config)
+    worker, buffer = Worker(config.get("dir")), bytearray()
+    worker.protections = protections
     try:
         while data := await reader.read(1 << 16):
             buffer += data
@@ -138,7 +157,8 @@ async def serve(sock: socket.socket, scratch_root: str | None = None) -> None:
 
 def main() -> None:
     logging.basicConfig(level=os.environ.get("AWM_LOG_LEVEL", "WARNING"))
-    asyncio.run(serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2] if len(sys.argv) > 2 else None))
+    config = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {"lockdown": False}
+    asyncio.run(serve(socket.socket(fileno=int(sys.argv[1])), config))
 
 
 if __name__ == "__main__":

@@ -348,3 +348,28 @@ def test_verdict_record_and_cli_helper(dbs):
     assert Verdict("server_error", "sql").infra_failure and not Verdict("incomplete", "sql").infra_failure
     with pytest.raises(ValueError, match="not valid in code mode"):
         Verdict("incomplete", "code")
+
+
+def test_unix_socket_connect_is_denied(sandbox, dbs, tmp_path):
+    """A path-based Unix socket is a way out to any local daemon (Ray's, Docker's): socket() fails."""
+    import socket
+
+    path = str(tmp_path / "daemon.sock")
+    daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    daemon.bind(path)
+    daemon.listen()
+    os.chmod(tmp_path, 0o755)
+    body = f"""\
+    import socket
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect({path!r})
+        return {{"result": "complete", "seen": "connected"}}
+    except OSError as exc:
+        return {{"result": "complete", "seen": type(exc).__name__}}
+"""
+    try:
+        seen = _verdict(sandbox, dbs, body).result["seen"]
+    finally:
+        daemon.close()
+    assert seen == "PermissionError"
