@@ -36,6 +36,7 @@ import sqlalchemy
 import sqlalchemy.engine
 from sqlalchemy.pool import StaticPool
 
+from awm.deadline import ENV_CODE_PREFIX, CallDeadline, CallInterrupted
 from awm.tools import Observation, ToolSpec, build_request, observation_from_response, tools_from_openapi
 
 
@@ -75,8 +76,10 @@ class EpisodeRouter:
 class EpisodeDB:
     """One episode's open connection and its per-engine pools inside a worker."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, deadline: CallDeadline | None = None) -> None:
         self.conn = sqlite3.connect(path, check_same_thread=False)
+        if deadline is not None:
+            deadline.guard(self.conn)  # slow statements are interrupted at the call's soft deadline
         # No ATTACH: SQL injected through tool arguments must not reach other episodes' files.
         self.conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
         # Rollback journal in memory, no fsync: transactions still roll back, and a DB that a
@@ -146,7 +149,7 @@ def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str,
     t0 = time.perf_counter()
     name = f"awm_env_{scenario}_{id(router)}_{int(t0 * 1e6)}"
     module = types.ModuleType(name)
-    module.__file__ = f"<awm env {scenario}>"
+    module.__file__ = f"{ENV_CODE_PREFIX}{scenario}>"
     sys.modules[name] = module  # pydantic resolves forward references through sys.modules
     scratch = sqlite3.connect(scratch_db, check_same_thread=False)
     router.engines = []
@@ -231,6 +234,9 @@ async def _asgi_call(app: Any, method: str, path: str, query: bytes, body: bytes
         server_error = f"{type(exc).__name__}: {exc}\n{_short_tb()}"
         if not chunks:
             chunks.append(b"Internal Server Error")
+    except CallInterrupted:
+        status, chunks = 500, [b"Internal Server Error: the call ran past its time limit and was interrupted"]
+        server_error = f"CallInterrupted: ran past its soft deadline\n{_short_tb()}"
     return status, b"".join(chunks), server_error
 
 

@@ -47,6 +47,7 @@ from awm.tools import Observation, ToolSpec
 from awm.verifier import Verdict, VerifierSandbox, strip_thinking
 
 log = logging.getLogger(__name__)
+SOFT_DEADLINE_SHARE = 0.8  # of call_timeout_s: a slow call is interrupted in its worker before the worker is killed
 
 
 def default_episode_dir() -> Path:
@@ -77,7 +78,8 @@ class EnvRuntime:
                  clock: str | None = None, seed: int = 0, call_timeout_s: float = 10.0,
                  load_timeout_s: float = 120.0, verifier_timeout_s: float = 10.0,
                  verifier_rule: str = "last_valid", exclude: Any = (), dataset: AWMDataset | None = None,
-                 sandbox_workers: bool = True) -> None:
+                 sandbox_workers: bool = True, worker_memory_limit_mb: int | None = 2048,
+                 load_attempts: int = 1) -> None:
         cache = Path(cache_dir) if cache_dir else default_cache_dir()
         self.dataset = dataset or AWMDataset(data_dir or bundled_data_dir(), verifier_rule=verifier_rule,
                                              cache_dir=cache, exclude=exclude)
@@ -90,7 +92,13 @@ class EnvRuntime:
         # Episode files live in RAM (/dev/shm): delete them even if close() is never called.
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.episode_dir), True)
         self.pool = WorkerPool(num_workers, scratch_dir=self.episode_dir, read_dirs=(str(self.templates.root),),
-                               lockdown=sandbox_workers)
+                               lockdown=sandbox_workers,
+                               memory_limit_bytes=worker_memory_limit_mb and worker_memory_limit_mb << 20)
+        if load_attempts < 1:
+            raise ValueError(f"load_attempts={load_attempts}: use 1 or more (1 refuses a scenario after the "
+                             "first import that crashed or hung its worker)")
+        self.load_attempts = load_attempts
+        self._load_strikes: dict[str, int] = {}  # scenario -> imports that crashed or hung their worker
         self._lock = threading.Lock()
         self._template_locks: dict[str, threading.Lock] = {}
         self._templates: dict[str, tuple[Path, BuildReport]] = {}
@@ -145,6 +153,9 @@ class EnvRuntime:
         except WorkerRequestError as exc:
             self._broken[scenario] = exc.info.get("message", str(exc))
             raise EnvLoadError(self._broken[scenario]) from None
+        except InfraError as exc:
+            self._strike(scenario, exc)
+            raise
         if info["created_sql"] and scenario not in self._completed:
             self._completed.add(scenario)
             self._complete_template(path, report, info["created_sql"],
@@ -153,6 +164,19 @@ class EnvRuntime:
             if scenario not in self._tools:
                 self._tools[scenario] = [ToolSpec.from_dict(t) for t in info["tools"]]
         return self._tools[scenario]
+
+    def _strike(self, scenario: str, exc: InfraError) -> None:
+        """Count an import that crashed or hung its worker; past `load_attempts` the scenario is refused,
+        so later episodes never take a shared worker (and its bystander episodes) down with it again.
+        A load that only queued behind another request's crash is no strike (`exc.culprit` is False)."""
+        if not exc.culprit or getattr(exc, "counted", False):  # concurrent openers share one failure
+            return
+        exc.counted = True
+        strikes = self._load_strikes[scenario] = self._load_strikes.get(scenario, 0) + 1
+        if strikes >= self.load_attempts:
+            self._broken[scenario] = (f"scenario {scenario!r}: environment code took its worker down at import "
+                                      f"{strikes} time(s) ({exc}); refused for the life of this runtime")
+            log.warning("%s", self._broken[scenario])
 
     def _complete_template(self, path: Path, report: BuildReport, sql: list[str], sample_data: dict | None) -> None:
         """Fold the code's import-time `create_all` into the template (upstream runs it on the live DB)."""
@@ -306,7 +330,9 @@ class Episode:
     async def call(self, tool: str, arguments: dict[str, Any] | str | None = None) -> Observation:
         """Run one tool call; agent mistakes come back as error observations."""
         async with self._busy:
-            result = await self._rpc("call", {"tool": tool, "arguments": arguments})
+            # the worker interrupts SQL and Python past this soft deadline; the pool kills it at the hard one
+            soft = self.runtime.call_timeout_s * SOFT_DEADLINE_SHARE
+            result = await self._rpc("call", {"tool": tool, "arguments": arguments, "soft_timeout_s": soft})
             self.steps += 1
             return Observation(**result)
 
@@ -394,7 +420,8 @@ class Episode:
         rt.episodes.pop(self.id, None)
         if not self.infra_error and not rt.closed:
             try:
-                await rt._rpc(self._slot, self._generation, "close", {"episode": self.id}, rt.call_timeout_s)
+                info = await rt._rpc(self._slot, self._generation, "close", {"episode": self.id}, rt.call_timeout_s)
+                rt.pool.episode_closed(self._slot, self._generation, info.get("max_rss_bytes", 0))
             except (InfraError, WorkerRequestError):
                 pass  # the worker is gone or never had it: nothing left to release
         for path in [self.db_path, *self._snapshot_paths]:

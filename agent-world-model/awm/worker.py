@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import os
+import resource
 import shutil
 import socket
 import sqlite3
@@ -30,6 +31,7 @@ import traceback
 from typing import Any
 
 from awm import wire
+from awm.deadline import CallDeadline
 from awm.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env, unload_env
 from awm.sandbox import Lockdown
 
@@ -45,6 +47,7 @@ class Worker:
         self.episodes: dict[str, tuple[str, EpisodeDB]] = {}
         self.scratch = tempfile.mkdtemp(prefix="awm-worker-", dir=scratch_root)
         self.protections: dict[str, Any] = {}
+        self.deadline = CallDeadline()
 
     # ops -----------------------------------------------------------------------------
     def op_ping(self, _: dict) -> dict:
@@ -73,12 +76,13 @@ class Worker:
     def op_open(self, p: dict) -> dict:
         if p["scenario"] not in self.envs:
             raise KeyError(f"scenario {p['scenario']!r} is not loaded in this worker")
-        self.episodes[p["episode"]] = (p["scenario"], EpisodeDB(p["db_path"]))
+        self.episodes[p["episode"]] = (p["scenario"], EpisodeDB(p["db_path"], self.deadline))
         return {}
 
     async def op_call(self, p: dict) -> dict:
         scenario, db = self._episode(p["episode"])
-        obs = await call_tool(self.envs[scenario], self.router, db, p["tool"], p.get("arguments"))
+        with self.deadline.running(p.get("soft_timeout_s")):
+            obs = await call_tool(self.envs[scenario], self.router, db, p["tool"], p.get("arguments"))
         return obs.to_dict()
 
     def op_restore(self, p: dict) -> dict:
@@ -104,7 +108,7 @@ class Worker:
         item = self.episodes.pop(p["episode"], None)
         if item is not None:
             item[1].close()
-        return {}
+        return {"max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
 
     def op_crash(self, p: dict) -> dict:
         """Test hook: die abruptly, as a segfault in a C extension would."""
