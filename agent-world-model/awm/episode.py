@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -47,6 +48,7 @@ from awm.tools import Observation, ToolSpec
 from awm.verifier import Verdict, VerifierSandbox, strip_thinking
 
 log = logging.getLogger(__name__)
+EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SOFT_DEADLINE_SHARE = 0.8  # of call_timeout_s: a slow call is interrupted in its worker before the worker is killed
 
 
@@ -223,9 +225,14 @@ class EnvRuntime:
                 raise IndexError(f"scenario {scenario!r} has {len(tasks)} tasks; task_idx {task_idx} is out of range")
             task = tasks[task_idx]
         episode_id = episode_id or f"{scenario}-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
+        if not EPISODE_ID.fullmatch(episode_id):
+            raise ValueError(f"episode_id {episode_id!r} is not allowed: use 1-128 letters, digits, '.', '_' or "
+                             "'-', starting with a letter or digit (it names the episode's DB file)")
         await self.pool.start()
         slot = self.pool.place(scenario)
         with self._lock:
+            if episode_id in self.episodes or any(episode_id in s.episodes for s in self.pool.slots):
+                raise ValueError(f"episode_id {episode_id!r} is already open: close it first or pass another id")
             slot.episodes[episode_id] = scenario  # reserve before awaiting so placement sees it
         try:
             tools = await self._load(slot, scenario)
