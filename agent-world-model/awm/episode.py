@@ -63,6 +63,38 @@ def default_episode_dir() -> Path:
     return Path(tempfile.gettempdir())
 
 
+EPISODE_DIR_PREFIX = "awm-episodes-"
+_OWNER_FILE = "owner"  # "<pid> <process start time>" of the runtime that made the dir
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process `pid` (clock ticks since boot), or None when it does not exist;
+    with the pid it names one process even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def remove_stale_episode_dirs(root: str | os.PathLike[str] | None = None) -> list[str]:
+    """Delete `awm-episodes-*` dirs under `root` whose owning process is gone (a SIGKILLed server's).
+
+    Only dirs with an owner file are touched: a dir without one may belong to a live runtime of an
+    older version, and deleting a live episode's files would corrupt it.
+    """
+    removed = []
+    for path in Path(root or default_episode_dir()).glob(f"{EPISODE_DIR_PREFIX}*"):
+        try:
+            pid, started = (path / _OWNER_FILE).read_text().split()
+        except (OSError, ValueError):
+            continue
+        if _process_start(int(pid)) != started:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """A saved episode state (a consistent DB copy) that `Episode.restore` can return to."""
@@ -90,7 +122,8 @@ class EnvRuntime:
         self.call_timeout_s, self.load_timeout_s = call_timeout_s, load_timeout_s
         self.verifier_timeout_s = verifier_timeout_s
         root = Path(episode_dir) if episode_dir else default_episode_dir()
-        self.episode_dir = Path(tempfile.mkdtemp(prefix="awm-episodes-", dir=root))
+        self.episode_dir = Path(tempfile.mkdtemp(prefix=EPISODE_DIR_PREFIX, dir=root))
+        (self.episode_dir / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
         # Episode files live in RAM (/dev/shm): delete them even if close() is never called.
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.episode_dir), True)
         self.pool = WorkerPool(num_workers, scratch_dir=self.episode_dir, read_dirs=(str(self.templates.root),),
