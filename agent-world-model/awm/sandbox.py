@@ -54,6 +54,11 @@ from typing import Any
 HELPER_SCRIPT = os.path.abspath(__file__)
 
 _MAX_RESULT_BYTES = 8 << 20
+# A request queued this long (or a quarter of its timeout, if less) starts even when every slot is
+# taken, up to _OVERFLOW_FACTOR x max_workers children: hung verifiers hold their slots until their
+# own deadline, and without overflow each later request would wait about ceil(hung / slots) timeouts.
+_QUEUE_GRACE_S = 0.5
+_OVERFLOW_FACTOR = 4
 _TRACEBACK_LINES = 8
 _SOURCE_NAME = "<awm-verifier>"
 
@@ -539,14 +544,26 @@ class _Server:
         reply = _reply_from_child(bytes(job.output), status)
         return "" if reply.get("value") == {"result": "complete"} else reply.get("detail") or "no answer"
 
+    def _may_start(self, now: float) -> bool:
+        """Start the head of the queue: a free slot, or an overflow slot once it waited past its grace."""
+        if len(self.jobs) < self.settings["max_workers"]:
+            return True
+        return (len(self.jobs) < _OVERFLOW_FACTOR * self.settings["max_workers"]
+                and now >= self._grace_end(self.queue[0]))
+
+    @staticmethod
+    def _grace_end(request: dict[str, Any]) -> float:
+        return request["queued_at"] + min(_QUEUE_GRACE_S, request["timeout_s"] / 4)
+
     def serve(self) -> None:
         self.selector.register(0, selectors.EVENT_READ)
         while True:
-            while self.queue and len(self.jobs) < self.settings["max_workers"]:
+            while self.queue and self._may_start(time.monotonic()):
                 self._spawn(self.queue.popleft())
-            timeout = None
-            if self.jobs:
-                timeout = max(0.0, min(job.deadline for job in self.jobs.values()) - time.monotonic())
+            wake = [job.deadline for job in self.jobs.values()]
+            if self.queue:
+                wake.append(self._grace_end(self.queue[0]))
+            timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
             for key, _ in self.selector.select(timeout):
                 if key.fd == 0:
                     if not self._read_requests():
@@ -566,7 +583,8 @@ class _Server:
         self.inbox += chunk
         *lines, rest = bytes(self.inbox).split(b"\n")
         self.inbox = bytearray(rest)
-        self.queue.extend(json.loads(line) for line in lines if line.strip())
+        now = time.monotonic()
+        self.queue.extend({**json.loads(line), "queued_at": now} for line in lines if line.strip())
         return True
 
     def _spawn(self, request: dict[str, Any]) -> _Job | None:

@@ -373,3 +373,23 @@ def test_unix_socket_connect_is_denied(sandbox, dbs, tmp_path):
     finally:
         daemon.close()
     assert seen == "PermissionError"
+
+
+def test_hung_verifiers_do_not_hold_up_a_healthy_one(dbs):
+    """Six verifiers that hang (sleep) in a sandbox of two slots: a healthy verifier submitted after
+    them finishes well within one timeout instead of waiting for three rounds of timeouts."""
+    hung = "def verify_task_completion(initial_db_path, final_db_path):\n    import time\n    time.sleep(60)\n"
+
+    async def main() -> tuple[list[Verdict], Verdict, float]:
+        with VerifierSandbox(max_workers=2) as box:
+            stuck = [asyncio.ensure_future(box.averify(hung, str(dbs["initial"]), str(dbs[1]), timeout_s=3.0))
+                     for _ in range(6)]
+            await asyncio.sleep(0.2)
+            started = time.monotonic()
+            healthy = await box.averify(_verifier_code(1), str(dbs["initial"]), str(dbs[1]), timeout_s=3.0)
+            elapsed = time.monotonic() - started
+            return await asyncio.gather(*stuck), healthy, elapsed
+
+    stuck, healthy, elapsed = asyncio.run(main())
+    assert healthy.verdict == "complete" and elapsed < 1.5
+    assert [v.verdict for v in stuck] == ["timeout"] * 6
