@@ -8,11 +8,11 @@ import json
 import logging
 
 import pytest
+from test_torch_backend import assert_same_params, mixed_samples, params, tiny_model
+
 from slime.backends import checkpoint as ckpt
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
 from slime.utils.metrics import MetricsWriter
-
-from test_torch_backend import assert_same_params, mixed_samples, params, tiny_model
 
 
 @pytest.fixture
