@@ -379,7 +379,7 @@ class Episode:
     async def reset(self) -> None:
         """Return the DB to the scenario's initial state (Gymnasium's reset, minus a new task)."""
         async with self._busy:
-            await self._rpc("restore", {"source": str(self.initial_db)})
+            await self._rpc("restore", {"source": str(self.initial_db), "fresh_module": True})
             self.steps = 0
 
     async def snapshot(self) -> Snapshot:

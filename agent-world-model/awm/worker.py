@@ -33,6 +33,7 @@ from typing import Any
 from awm import wire
 from awm.deadline import CallDeadline
 from awm.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env, unload_env
+from awm.isolation import cancel_new_tasks, route_sqlite_connect
 from awm.sandbox import Lockdown
 
 log = logging.getLogger("awm.worker")
@@ -44,8 +45,13 @@ class Worker:
     def __init__(self, scratch_root: str | None = None) -> None:
         self.router = EpisodeRouter()
         self.envs: dict[str, LoadedEnv] = {}
+        self.sources: dict[str, tuple[str, str, list | None]] = {}  # scenario -> code, template, tools
+        self.private: dict[str, LoadedEnv] = {}  # episode -> its own module instance (module state)
         self.episodes: dict[str, tuple[str, EpisodeDB]] = {}
         self.scratch = tempfile.mkdtemp(prefix="awm-worker-", dir=scratch_root)
+        # what $DATABASE_PATH names for generated code: a raw sqlite3.connect of it opens the call's DB
+        self.database_path = os.path.join(self.scratch, "current-episode.db")
+        route_sqlite_connect(self.database_path, self.router.path)
         self.protections: dict[str, Any] = {}
         self.deadline = CallDeadline()
 
@@ -57,37 +63,55 @@ class Worker:
     def op_load(self, p: dict) -> dict:
         scenario = p["scenario"]
         if scenario not in self.envs:
-            scratch = os.path.join(self.scratch, f"{scenario}.db")
-            shutil.copyfile(p["template"], scratch)
-            try:
-                self.envs[scenario] = load_env(scenario, p["code"], self.router, scratch, p.get("tools"))
-            finally:
-                os.unlink(scratch)
+            self.envs[scenario] = self._import(scenario, p["code"], p["template"], p.get("tools"))
+            self.sources[scenario] = (p["code"], p["template"], p.get("tools"))
         env = self.envs[scenario]
         return {"tools": [t.to_dict() for t in env.tools.values()], "load_s": env.load_s,
-                "created_sql": env.created_sql}
+                "created_sql": env.created_sql, "module_state": env.module_state}
+
+    def _import(self, scenario: str, code: str, template: str, tools: list | None) -> LoadedEnv:
+        """A fresh module instance; its import-time DB work goes to a throwaway copy of the template."""
+        scratch = os.path.join(self.scratch, f"{scenario}.db")
+        shutil.copyfile(template, scratch)
+        try:
+            return load_env(scenario, code, self.router, scratch, tools, self.database_path)
+        finally:
+            os.unlink(scratch)
 
     def op_unload(self, p: dict) -> dict:
         env = self.envs.pop(p["scenario"], None)
+        self.sources.pop(p["scenario"], None)
         if env is not None:
             unload_env(env)
         return {}
 
     def op_open(self, p: dict) -> dict:
-        if p["scenario"] not in self.envs:
-            raise KeyError(f"scenario {p['scenario']!r} is not loaded in this worker")
-        self.episodes[p["episode"]] = (p["scenario"], EpisodeDB(p["db_path"], self.deadline))
-        return {}
+        scenario, episode = p["scenario"], p["episode"]
+        if scenario not in self.envs:
+            raise KeyError(f"scenario {scenario!r} is not loaded in this worker")
+        if self.envs[scenario].module_state:  # the slower path: module state stays with its episode
+            self.private[episode] = self._import(scenario, *self.sources[scenario])
+        self.episodes[episode] = (scenario, EpisodeDB(p["db_path"], self.deadline))
+        return {"private_module": episode in self.private}
 
     async def op_call(self, p: dict) -> dict:
         scenario, db = self._episode(p["episode"])
-        with self.deadline.running(p.get("soft_timeout_s")):
-            obs = await call_tool(self.envs[scenario], self.router, db, p["tool"], p.get("arguments"))
+        env = self.private.get(p["episode"]) or self.envs[scenario]
+        before = asyncio.all_tasks()
+        try:
+            with self.deadline.running(p.get("soft_timeout_s")):
+                obs = await call_tool(env, self.router, db, p["tool"], p.get("arguments"))
+        finally:
+            cancel_new_tasks(before)  # a task left running would write during another episode's call
         return obs.to_dict()
 
     def op_restore(self, p: dict) -> dict:
-        """Overwrite the episode DB with `source` (the template for a reset, or a snapshot)."""
-        _, db = self._episode(p["episode"])
+        """Overwrite the episode DB with `source` (the template for a reset, or a snapshot); a reset
+        (`fresh_module`) also gives a private-module episode a fresh module, as a restarted server would."""
+        scenario, db = self._episode(p["episode"])
+        if p.get("fresh_module") and p["episode"] in self.private:
+            unload_env(self.private.pop(p["episode"]))
+            self.private[p["episode"]] = self._import(scenario, *self.sources[scenario])
         src = sqlite3.connect(f"file:{p['source']}?mode=ro", uri=True)
         try:
             src.backup(db.conn)
@@ -108,6 +132,9 @@ class Worker:
         item = self.episodes.pop(p["episode"], None)
         if item is not None:
             item[1].close()
+        private = self.private.pop(p["episode"], None)
+        if private is not None:
+            unload_env(private)
         return {"max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
 
     def op_crash(self, p: dict) -> dict:
