@@ -4,14 +4,15 @@ abandoned sessions, and the leftovers of a server that was SIGKILLed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from awm import episode as episode_module
 from awm import mcp_server
 from awm.episode import EnvRuntime
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from test_mcp_server import ServerThread
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = "library_lending_1"
@@ -41,35 +43,17 @@ def list_tools(base: str, session_id: str) -> httpx.Response:
                       timeout=30)
 
 
-class Served:
-    """`mcp_server.serve` in a thread with its own loop and runtime, with the given keyword arguments."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self.kwargs, self.base, self.runtime = kwargs, "", None
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    async def _main(self) -> None:
-        self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
-        self.runtime = EnvRuntime(num_workers=1)
-        try:
-            await mcp_server.serve(self.runtime, SCENARIO, stop=self.stop, ready=self._ready, **self.kwargs)
-        finally:
-            self.runtime.close()
-            self.ready.set()
-
-    def _ready(self, _: str, url: str) -> None:
-        self.base = url.removesuffix("/mcp")
-        self.ready.set()
-
-    def __enter__(self) -> Served:
-        self.thread.start()
-        assert self.ready.wait(60) and self.base, "the server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(15)
+@contextlib.contextmanager
+def served(**serve_kwargs: Any) -> Iterator[ServerThread]:
+    """`mcp_server.serve` in a thread (its own loop and runtime) with these keyword arguments."""
+    srv = ServerThread(SCENARIO, num_workers=1, **serve_kwargs)
+    srv.thread.start()
+    assert srv.listening.wait(60) and srv.url, f"the server did not start: {srv.error!r}"
+    try:
+        yield srv
+    finally:
+        srv.loop.call_soon_threadsafe(srv.stop.set)
+        srv.thread.join(15)
 
 
 def test_serving_off_loopback_without_a_token_is_refused():
@@ -112,7 +96,7 @@ def test_non_loopback_server_requires_its_token(given):
 
 
 def test_session_cap_and_idle_timeout():
-    with Served(max_sessions=2, session_idle_timeout_s=1.0) as srv:
+    with served(max_sessions=2, session_idle_timeout_s=1.0) as srv:
         sessions = [initialize(srv.base) for _ in range(2)]
         assert [r.status_code for r in sessions] == [200, 200]
         refused = initialize(srv.base)
