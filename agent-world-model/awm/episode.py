@@ -105,7 +105,12 @@ class Snapshot:
 
 
 class EnvRuntime:
-    """Serves many concurrent episodes of many scenarios from one AWM data directory."""
+    """Serves many concurrent episodes of many scenarios from one AWM data directory.
+
+    Containment: `sandbox_workers` locks each worker down (turn off only to measure its cost);
+    `worker_memory_limit_mb` recycles a worker past that peak RSS once its episodes are closed;
+    `load_attempts` imports that crash or hang a worker before the scenario is refused.
+    """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, num_workers: int | None = None,
                  episode_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,

@@ -1,5 +1,9 @@
 """What runs inside the verifier sandbox: the helper process and the child it forks per verifier.
 
+The kernel protections (`Lockdown`: network namespace, Landlock, seccomp, dropped capabilities) are
+also what an environment worker (`awm.worker`) applies to itself, with a writable directory of its
+own and threads allowed.
+
 `awm.verifier` starts this file as `python -I sandbox.py CONFIG` (isolated mode: no user site, no
 PYTHON* variables, no script directory on sys.path) with an allow-listed environment, so it imports
 only the standard library and nothing from `awm`. The helper reads JSON requests on stdin, forks one
