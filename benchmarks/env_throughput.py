@@ -37,7 +37,7 @@ def pss_bytes(pid: int) -> int:
 def footprint(rt: EnvRuntime) -> int:
     """Memory of everything an episode costs: caller, workers and episode files (tmpfs is RAM)."""
     pids = [os.getpid()] + [s.proc.pid for s in rt.pool.slots if s.proc and s.proc.poll() is None]
-    files = sum(p.stat().st_size for p in rt.episode_dir.glob("*.db"))
+    files = sum(p.stat().st_size for p in rt.episode_dir.rglob("*.db"))  # episode files sit in per-worker dirs
     return sum(pss_bytes(p) for p in pids) + files
 
 

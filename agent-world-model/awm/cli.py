@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from awm.server_limits import add_limit_arguments, limits_from
+
 log = logging.getLogger("awm")
 
 
@@ -57,7 +59,7 @@ def cmd_data_info(args: argparse.Namespace) -> int:
 def cmd_env_start(args: argparse.Namespace) -> int:
     from awm.mcp_server import run_server
     run_server(_data_dir(args), args.scenario, args.host, args.port, args.workers,
-               scenarios=args.also or None)
+               scenarios=args.also or None, limits=limits_from(args))
     return 0
 
 
@@ -256,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     sp.add_argument("--port", type=int, default=8001, help="port (0 = any free port, printed at start)")
     sp.add_argument("--workers", type=int, default=None, help="environment worker processes (default: CPU count)")
+    add_limit_arguments(sp)
     sp.set_defaults(func=cmd_env_start)
     sp = env.add_parser("check", help="print a scenario's tool list as JSON (name, description, inputSchema)")
     data_dir(sp)

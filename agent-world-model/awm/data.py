@@ -10,6 +10,15 @@ too: `gen_db.<anything>.jsonl` counts as part of `gen_db` (this is how the excer
 `../shared/awm_1k_excerpt` is laid out), except that `gen_verifier.pure_code*.jsonl` is
 its own stage.
 
+A verifier row's mode (code: a `verify_task_completion(initial_db_path, final_db_path,
+final_answer)` returning a verdict; sql: a `verify_task(initial_db_path, final_db_path)` gathering
+evidence for a judge) is read from its code, not from its file name: upstream's pipeline writes
+code-mode verifiers to `gen_verifier.jsonl`, the release ships them in `gen_verifier.pure_code.jsonl`.
+
+Every record is checked once at scan time: malformed JSON, bytes that are not UTF-8, nesting too
+deep to parse, fields of the wrong type and two scenario names that normalise to the same id are
+errors that name the file and line.
+
 Duplicate verifier rows (documented rule): by default the **last** row of a key whose code
 parses and defines a top-level `verify_*` function wins; if none does, the last row. The
 `first` rule reproduces upstream's lookup. Duplicate scenario rows: the last row wins.
@@ -35,7 +44,20 @@ STAGES = ("gen_scenario", "gen_tasks", "gen_db", "gen_sample", "gen_spec", "gen_
           "gen_verifier.pure_code", "gen_verifier")
 TASK_KEYED = ("gen_verifier.pure_code", "gen_verifier")
 VERIFIER_RULES = ("last_valid", "first")
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+VERIFIER_MODES = ("code", "sql")
+# Field -> allowed types, per stage; a field that is absent or null is "missing", not wrong.
+FIELD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "gen_scenario": {"description": (str,)},
+    "gen_tasks": {"tasks": (list,)},
+    "gen_db": {"db_schema": (dict,)},
+    "gen_sample": {"sample_data": (dict,)},
+    "gen_spec": {"api_spec": (dict,)},
+    "gen_envs": {"full_code": (str,)},
+    "gen_verifier.pure_code": {"task": (str,), "verification": (dict,)},
+    "gen_verifier": {"task": (str,), "verification": (dict,)},
+}
+_VERIFY_DEF = re.compile(r"^(?:async\s+)?def\s+(verify_\w*)\s*\(([^)]*)\)", re.MULTILINE)
 
 
 class DataFormatError(ValueError):
@@ -116,52 +138,111 @@ class _FileIndex:
     keys: dict[str, list[Span]] = field(default_factory=dict)
 
 
-def _scan(path: Path, stage: str) -> dict[str, list[Span]]:
-    """Parse every line of one file once and return key -> spans (in file order)."""
+def verifier_mode(code: Any, default: str) -> str:
+    """'code' or 'sql', from the verifier's top-level function: its name (`verify_task_completion`,
+    `verify_task`), else its signature (a `final_answer` or third parameter means code mode);
+    `default` (the file's mode) when the code names no verify_* function."""
+    if not isinstance(code, str):
+        return default
+    found = _VERIFY_DEF.findall(code)
+    names = {name for name, _ in found}
+    if "verify_task_completion" in names:
+        return "code"
+    if "verify_task" in names:
+        return "sql"
+    for _, params in found:
+        args = [p for p in params.split(",") if p.strip() and not p.strip().startswith("*")]
+        return "code" if "final_answer" in params or len(args) >= 3 else "sql"
+    return default
+
+
+def _check_fields(path: Path, lineno: int, stage: str, rec: dict[str, Any]) -> None:
+    """Wrong field types are errors (a string `tasks` would be split into characters)."""
+    for name, types in FIELD_TYPES.get(stage, {}).items():
+        value = rec.get(name)
+        if value is not None and not isinstance(value, types):
+            raise DataFormatError(f"{path}:{lineno}: field {name!r} is a {type(value).__name__}, expected "
+                                  f"{' or '.join(t.__name__ for t in types)}")
+    if stage == "gen_tasks" and not all(isinstance(t, str) for t in rec.get("tasks") or []):
+        raise DataFormatError(f"{path}:{lineno}: field 'tasks' must be a list of strings")
+    code = (rec.get("verification") or {}).get("code")
+    if code is not None and not isinstance(code, str):
+        raise DataFormatError(f"{path}:{lineno}: field 'verification.code' is a {type(code).__name__}, "
+                              "expected str")
+
+
+def _scan(path: Path, stage: str) -> tuple[dict[str, list[Span]], dict[str, str]]:
+    """Parse every line of one file once; return key -> spans (in file order) and id -> raw name.
+
+    Verifier keys carry the row's mode: `scenario::task_idx::code` or `...::sql`.
+    """
     keys: dict[str, list[Span]] = {}
+    raw_names: dict[str, tuple[str, str]] = {}
     key_field = "name" if stage == "gen_scenario" else "scenario"
+    file_mode = "code" if stage == "gen_verifier.pure_code" else "sql"
     offset = 0
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             length = len(raw)
             if raw.strip():
-                try:
-                    rec = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+                rec = _parse_line(raw, path, lineno)
                 if not isinstance(rec, dict) or not isinstance(rec.get(key_field), str):
                     raise DataFormatError(f"{path}:{lineno}: expected a JSON object with a string '{key_field}'")
+                _check_fields(path, lineno, stage, rec)
                 key = normalize_scenario_name(rec[key_field])
+                _claim_name(raw_names, key, rec[key_field], f"{path}:{lineno}")
                 if stage in TASK_KEYED:
-                    if not isinstance(rec.get("task_idx"), int):
+                    if not isinstance(rec.get("task_idx"), int) or isinstance(rec["task_idx"], bool):
                         raise DataFormatError(f"{path}:{lineno}: verifier row without an integer 'task_idx'")
-                    key = f"{key}::{rec['task_idx']}"
+                    mode = verifier_mode((rec.get("verification") or {}).get("code"), file_mode)
+                    key = f"{key}::{rec['task_idx']}::{mode}"
                 keys.setdefault(key, []).append(Span(str(path), offset, length, lineno))
             offset += length
-    return keys
+    return keys, {k: raw for k, (raw, _) in raw_names.items()}
 
 
-def _index_file(path: Path, stage: str, cache_dir: Path) -> dict[str, list[Span]]:
-    """Scan a file, or load its index from the cache when size and mtime match."""
+def _parse_line(raw: bytes, path: Path, lineno: int) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(f"{path}:{lineno}: byte {exc.object[exc.start]:#04x} at column {exc.start + 1} "
+                              "is not UTF-8 (JSONL files must be UTF-8)") from None
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise DataFormatError(f"{path}:{lineno}: JSON nested too deeply to parse") from None
+
+
+def _claim_name(raw_names: dict[str, tuple[str, str]], key: str, raw: str, where: str) -> None:
+    """Remember which raw name owns id `key` (and where); a different raw name for the same id is an error."""
+    owner, owner_where = raw_names.setdefault(key, (raw, where))
+    if owner != raw:
+        raise DataFormatError(f"{where}: scenario {raw!r} and {owner!r} ({owner_where}) both normalise to "
+                              f"{key!r}: rename one of them")
+
+
+def _index_file(path: Path, stage: str, cache_dir: Path) -> tuple[dict[str, list[Span]], dict[str, str]]:
+    """Scan a file, or load its index (and raw names) from the cache when size and mtime match."""
     st = path.stat()
     tag = hashlib.sha1(f"{INDEX_VERSION}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     cached = cache_dir / "index" / f"{path.name}.{tag}.json"
     if cached.exists():
         try:
             raw = json.loads(cached.read_text())
-            return {k: [Span(str(path), *s) for s in v] for k, v in raw.items()}
+            return {k: [Span(str(path), *s) for s in v] for k, v in raw["keys"].items()}, raw["names"]
         except (OSError, ValueError, TypeError):
             log.warning("ignoring unreadable index cache %s", cached)
-    keys = _scan(path, stage)
+    keys, names = _scan(path, stage)
     if st.st_size > 1_000_000:  # small files scan faster than a cache round trip
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({k: [[s.offset, s.length, s.line] for s in v] for k, v in keys.items()}))
+            tmp.write_text(json.dumps({"keys": {k: [[s.offset, s.length, s.line] for s in v] for k, v in keys.items()},
+                                       "names": names}))
             os.replace(tmp, cached)
         except OSError as exc:
             log.warning("could not write index cache %s: %s", cached, exc)
-    return keys
+    return keys, names
 
 
 def _read(span: Span) -> dict[str, Any]:
@@ -201,12 +282,16 @@ class AWMDataset:
         self.exclude = {(normalize_scenario_name(s), int(i)) for s, i in exclude}
         self._index: dict[str, _FileIndex] = {s: _FileIndex() for s in STAGES}
         self.files: dict[str, list[Path]] = {s: [] for s in STAGES}
+        owners: dict[str, dict[str, tuple[str, str]]] = {s: {} for s in STAGES}  # per stage: id -> raw name and file
         for path in sorted(self.data_dir.iterdir()):
             stage = stage_of(path.name)
             if stage is None or not path.is_file():
                 continue
             self.files[stage].append(path)
-            for key, spans in _index_file(path, stage, self.cache_dir).items():
+            keys, names = _index_file(path, stage, self.cache_dir)
+            for key, raw in names.items():  # shards of one stage must agree on names too
+                _claim_name(owners[stage], key, raw, str(path))
+            for key, spans in keys.items():
                 self._index[stage].keys.setdefault(key, []).extend(spans)
         if not any(self.files.values()):
             raise FileNotFoundError(f"{self.data_dir} holds no AWM-1K files (gen_tasks.jsonl, gen_envs.jsonl, ...)")
@@ -260,18 +345,33 @@ class AWMDataset:
         return list((rec or {}).get("tasks") or [])
 
     def task_keys(self, *, runnable_only: bool = True) -> list[tuple[str, int]]:
-        """(scenario, task_idx) for every task with a code verifier, minus `exclude`."""
+        """(scenario, task_idx) for every task with a code verifier (in either verifier file), minus `exclude`."""
         out = []
         for name in self.scenario_names(runnable_only=runnable_only):
             for idx in range(len(self.tasks(name))):
-                if (name, idx) not in self.exclude and self._spans("gen_verifier.pure_code", f"{name}::{idx}"):
+                if (name, idx) not in self.exclude and self._verifier_spans(name, idx, "code"):
                     out.append((name, idx))
         return out
 
+    def _verifier_spans(self, scenario: str, task_idx: int, mode: str) -> list[Span]:
+        """Rows of one task in `mode`, from both verifier files (pure_code file first, file order within)."""
+        key = f"{normalize_scenario_name(scenario)}::{int(task_idx)}::{mode}"
+        return [span for stage in TASK_KEYED for span in self._spans(stage, key)]
+
+    def verifier_rows(self) -> dict[str, dict[str, int]]:
+        """Verifier rows per file stage and mode, as read from their code."""
+        out: dict[str, dict[str, int]] = {}
+        for stage in TASK_KEYED:
+            for key, spans in self._index[stage].keys.items():
+                counts = out.setdefault(stage, dict.fromkeys(VERIFIER_MODES, 0))
+                counts[key.rsplit("::", 1)[1]] += len(spans)
+        return out
+
     def verifier(self, scenario: str, task_idx: int, mode: str = "code") -> Verifier | None:
-        """The verifier row of a task after duplicate resolution, or None if there is none."""
-        stage = {"code": "gen_verifier.pure_code", "sql": "gen_verifier"}[mode]
-        spans = self._spans(stage, f"{normalize_scenario_name(scenario)}::{int(task_idx)}")
+        """The verifier row of a task in `mode` after duplicate resolution, or None if there is none."""
+        if mode not in VERIFIER_MODES:
+            raise ValueError(f"verifier mode {mode!r} is unknown: use 'code' or 'sql'")
+        spans = self._verifier_spans(scenario, task_idx, mode)
         if not spans:
             return None
         chosen = None
@@ -297,6 +397,7 @@ class AWMDataset:
             "runnable_scenarios": len(self.scenario_names(runnable_only=True)),
             "tasks_with_code_verifier": len(self.task_keys()),
             "excluded_tasks": len(self.exclude),
+            "verifier_rows_by_mode": self.verifier_rows(),
             "duplicated_rows": {s: n for s, n in self.duplicates.items() if n},
             "files": {s: [p.name for p in ps] for s, ps in self.files.items() if ps},
         }
@@ -305,11 +406,8 @@ class AWMDataset:
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a small JSONL file whole; malformed lines raise with file and line."""
     out = []
-    with open(path, encoding="utf-8") as fh:
+    with open(path, "rb") as fh:
         for lineno, line in enumerate(fh, start=1):
             if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise DataFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                out.append(_parse_line(line, Path(path), lineno))
     return out

@@ -36,6 +36,8 @@ import sqlalchemy
 import sqlalchemy.engine
 from sqlalchemy.pool import StaticPool
 
+from awm.deadline import ENV_CODE_PREFIX, CallDeadline, CallInterrupted
+from awm.isolation import guarded_import, module_state
 from awm.tools import Observation, ToolSpec, build_request, observation_from_response, tools_from_openapi
 
 
@@ -54,6 +56,7 @@ class EpisodeRouter:
 
     def __init__(self) -> None:
         self.current: sqlite3.Connection | None = None
+        self.current_path = ""
         self.engines: list[sqlalchemy.engine.Engine] = []  # filled while a module is imported
 
     def connect(self) -> sqlite3.Connection:
@@ -61,13 +64,19 @@ class EpisodeRouter:
             raise RuntimeError("environment code opened a DB connection outside a tool call")
         return self.current
 
+    def path(self) -> str:
+        """The DB file of the call running now (where a raw `sqlite3.connect(DATABASE_PATH)` goes)."""
+        if not self.current_path:
+            raise RuntimeError("environment code opened its database outside a tool call")
+        return self.current_path
+
     @contextlib.contextmanager
-    def bound(self, conn: sqlite3.Connection) -> Iterator[None]:
-        self.current = conn
+    def bound(self, conn: sqlite3.Connection, path: str) -> Iterator[None]:
+        self.current, self.current_path = conn, path
         try:
             yield
         finally:
-            self.current = None
+            self.current, self.current_path = None, ""
             if conn.in_transaction:
                 conn.rollback()
 
@@ -75,8 +84,11 @@ class EpisodeRouter:
 class EpisodeDB:
     """One episode's open connection and its per-engine pools inside a worker."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, deadline: CallDeadline | None = None) -> None:
+        self.path = path
         self.conn = sqlite3.connect(path, check_same_thread=False)
+        if deadline is not None:
+            deadline.guard(self.conn)  # slow statements are interrupted at the call's soft deadline
         # No ATTACH: SQL injected through tool arguments must not reach other episodes' files.
         self.conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
         # Rollback journal in memory, no fsync: transactions still roll back, and a DB that a
@@ -88,13 +100,17 @@ class EpisodeDB:
 
     @contextlib.contextmanager
     def use(self, env: LoadedEnv, router: EpisodeRouter) -> Iterator[None]:
-        with router.bound(self.conn):
+        with router.bound(self.conn, self.path):
             for engine in env.engines:
                 pool = self.pools.get(id(engine))
                 if pool is None:
-                    pool = self.pools[id(engine)] = engine.pool.recreate()
+                    pool = self.pools[id(engine)] = env.idle_pools[id(engine)].recreate()
                 engine.pool = pool
-            yield
+            try:
+                yield
+            finally:  # work left behind (a thread, a callback) finds no connection, not the next episode's
+                for engine in env.engines:
+                    engine.pool = env.idle_pools[id(engine)]
 
     def close(self) -> None:
         for pool in self.pools.values():
@@ -132,31 +148,36 @@ class LoadedEnv:
     load_s: float
     created_sql: list[str]  # DDL that the code's import-time `create_all` added to the DB
     engines: list[sqlalchemy.engine.Engine]
+    idle_pools: dict[int, Any]  # per engine: a pool whose connect fails (bound between calls)
+    module_state: list[str]  # module-level names its functions change: one instance per episode
 
 
 def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str,
-             known_tools: list[dict[str, Any]] | None = None) -> LoadedEnv:
+             known_tools: list[dict[str, Any]] | None = None, database_path: str | None = None) -> LoadedEnv:
     """Import generated code as a fresh module; its import-time DB work hits `scratch_db`.
 
     `known_tools` (the same code's tool specs, derived by another worker) skips building the
-    OpenAPI document, about half of a load.
+    OpenAPI document, about half of a load. `database_path`: what $DATABASE_PATH names for the
+    code (a path `route_sqlite_connect` sends to the current call's DB); default `scratch_db`.
+    A module that patches shared library code at import is refused (see `awm.isolation`).
     """
     if not code or not code.strip():
         raise EnvCodeError(f"scenario {scenario!r} has no environment code (gen_envs full_code is empty)")
     t0 = time.perf_counter()
     name = f"awm_env_{scenario}_{id(router)}_{int(t0 * 1e6)}"
     module = types.ModuleType(name)
-    module.__file__ = f"<awm env {scenario}>"
+    module.__file__ = f"{ENV_CODE_PREFIX}{scenario}>"
     sys.modules[name] = module  # pydantic resolves forward references through sys.modules
     scratch = sqlite3.connect(scratch_db, check_same_thread=False)
     router.engines = []
     before = {r[0] for r in scratch.execute("SELECT name FROM sqlite_master")}
-    os.environ["DATABASE_PATH"] = f"sqlite:///{scratch_db}"  # for code that reads the URL itself
+    os.environ["DATABASE_PATH"] = f"sqlite:///{database_path or scratch_db}"  # for code that reads the URL itself
     try:
-        with warnings.catch_warnings(), _routed_create_engine(router), router.bound(scratch):
-            warnings.simplefilter("ignore")
-            exec(compile(code, module.__file__, "exec"), module.__dict__)  # noqa: S102 - isolated worker process
-            scratch.commit()
+        with guarded_import() as patched:
+            with warnings.catch_warnings(), _routed_create_engine(router), router.bound(scratch, scratch_db):
+                warnings.simplefilter("ignore")
+                exec(compile(code, module.__file__, "exec"), module.__dict__)  # noqa: S102 - isolated worker
+                scratch.commit()
         created_sql = [sql for name_, sql in scratch.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL "
                                                              "ORDER BY type = 'index', rowid") if name_ not in before]
     except EnvCodeError:
@@ -169,6 +190,14 @@ def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str,
     finally:
         scratch.close()
     engines, router.engines = router.engines, []
+    if patched:
+        sys.modules.pop(name, None)
+        raise EnvCodeError(f"scenario {scenario!r}: environment code patches shared library code at import "
+                           f"({', '.join(patched[:5])}); on a shared worker that would change other scenarios' "
+                           "behaviour, so it is refused (the patch was undone)")
+    idle_pools = {id(engine): engine.pool.recreate() for engine in engines}  # never connected: connect fails
+    for engine in engines:
+        engine.pool = idle_pools[id(engine)]
     app = getattr(module, "app", None)
     if app is None or not callable(app):
         sys.modules.pop(name, None)
@@ -183,7 +212,8 @@ def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str,
     for t in specs:
         cls = jsonschema.validators.validator_for(t.input_schema, default=jsonschema.Draft202012Validator)
         validators[t.name] = cls(t.input_schema)
-    return LoadedEnv(scenario, module, app, tools, validators, time.perf_counter() - t0, created_sql, engines)
+    return LoadedEnv(scenario, module, app, tools, validators, time.perf_counter() - t0, created_sql, engines,
+                     idle_pools, module_state(code))
 
 
 def unload_env(env: LoadedEnv) -> None:
@@ -231,6 +261,9 @@ async def _asgi_call(app: Any, method: str, path: str, query: bytes, body: bytes
         server_error = f"{type(exc).__name__}: {exc}\n{_short_tb()}"
         if not chunks:
             chunks.append(b"Internal Server Error")
+    except CallInterrupted:
+        status, chunks = 500, [b"Internal Server Error: the call ran past its time limit and was interrupted"]
+        server_error = f"CallInterrupted: ran past its soft deadline\n{_short_tb()}"
     return status, b"".join(chunks), server_error
 
 

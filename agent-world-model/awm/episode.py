@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -47,6 +48,8 @@ from awm.tools import Observation, ToolSpec
 from awm.verifier import Verdict, VerifierSandbox, strip_thinking
 
 log = logging.getLogger(__name__)
+EPISODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SOFT_DEADLINE_SHARE = 0.8  # of call_timeout_s: a slow call is interrupted in its worker before the worker is killed
 
 
 def default_episode_dir() -> Path:
@@ -60,6 +63,38 @@ def default_episode_dir() -> Path:
     return Path(tempfile.gettempdir())
 
 
+EPISODE_DIR_PREFIX = "awm-episodes-"
+_OWNER_FILE = "owner"  # "<pid> <process start time>" of the runtime that made the dir
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process `pid` (clock ticks since boot), or None when it does not exist;
+    with the pid it names one process even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def remove_stale_episode_dirs(root: str | os.PathLike[str] | None = None) -> list[str]:
+    """Delete `awm-episodes-*` dirs under `root` whose owning process is gone (a SIGKILLed server's).
+
+    Only dirs with an owner file are touched: a dir without one may belong to a live runtime of an
+    older version, and deleting a live episode's files would corrupt it.
+    """
+    removed = []
+    for path in Path(root or default_episode_dir()).glob(f"{EPISODE_DIR_PREFIX}*"):
+        try:
+            pid, started = (path / _OWNER_FILE).read_text().split()
+        except (OSError, ValueError):
+            continue
+        if _process_start(int(pid)) != started:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """A saved episode state (a consistent DB copy) that `Episode.restore` can return to."""
@@ -70,13 +105,20 @@ class Snapshot:
 
 
 class EnvRuntime:
-    """Serves many concurrent episodes of many scenarios from one AWM data directory."""
+    """Serves many concurrent episodes of many scenarios from one AWM data directory.
+
+    Containment: `sandbox_workers` locks each worker down (turn off only to measure its cost);
+    `worker_memory_limit_mb` recycles a worker past that peak RSS once its episodes are closed;
+    `load_attempts` imports that crash or hang a worker before the scenario is refused.
+    """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, num_workers: int | None = None,
                  episode_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  clock: str | None = None, seed: int = 0, call_timeout_s: float = 10.0,
                  load_timeout_s: float = 120.0, verifier_timeout_s: float = 10.0,
-                 verifier_rule: str = "last_valid", exclude: Any = (), dataset: AWMDataset | None = None) -> None:
+                 verifier_rule: str = "last_valid", exclude: Any = (), dataset: AWMDataset | None = None,
+                 sandbox_workers: bool = True, worker_memory_limit_mb: int | None = 2048,
+                 load_attempts: int = 1) -> None:
         cache = Path(cache_dir) if cache_dir else default_cache_dir()
         self.dataset = dataset or AWMDataset(data_dir or bundled_data_dir(), verifier_rule=verifier_rule,
                                              cache_dir=cache, exclude=exclude)
@@ -85,10 +127,18 @@ class EnvRuntime:
         self.call_timeout_s, self.load_timeout_s = call_timeout_s, load_timeout_s
         self.verifier_timeout_s = verifier_timeout_s
         root = Path(episode_dir) if episode_dir else default_episode_dir()
-        self.episode_dir = Path(tempfile.mkdtemp(prefix="awm-episodes-", dir=root))
+        self.episode_dir = Path(tempfile.mkdtemp(prefix=EPISODE_DIR_PREFIX, dir=root))
+        (self.episode_dir / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}")
         # Episode files live in RAM (/dev/shm): delete them even if close() is never called.
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.episode_dir), True)
-        self.pool = WorkerPool(num_workers, scratch_dir=self.episode_dir)
+        self.pool = WorkerPool(num_workers, scratch_dir=self.episode_dir, read_dirs=(str(self.templates.root),),
+                               lockdown=sandbox_workers,
+                               memory_limit_bytes=worker_memory_limit_mb and worker_memory_limit_mb << 20)
+        if load_attempts < 1:
+            raise ValueError(f"load_attempts={load_attempts}: use 1 or more (1 refuses a scenario after the "
+                             "first import that crashed or hung its worker)")
+        self.load_attempts = load_attempts
+        self._load_strikes: dict[str, int] = {}  # scenario -> imports that crashed or hung their worker
         self._lock = threading.Lock()
         self._template_locks: dict[str, threading.Lock] = {}
         self._templates: dict[str, tuple[Path, BuildReport]] = {}
@@ -143,6 +193,9 @@ class EnvRuntime:
         except WorkerRequestError as exc:
             self._broken[scenario] = exc.info.get("message", str(exc))
             raise EnvLoadError(self._broken[scenario]) from None
+        except InfraError as exc:
+            self._strike(scenario, exc)
+            raise
         if info["created_sql"] and scenario not in self._completed:
             self._completed.add(scenario)
             self._complete_template(path, report, info["created_sql"],
@@ -151,6 +204,19 @@ class EnvRuntime:
             if scenario not in self._tools:
                 self._tools[scenario] = [ToolSpec.from_dict(t) for t in info["tools"]]
         return self._tools[scenario]
+
+    def _strike(self, scenario: str, exc: InfraError) -> None:
+        """Count an import that crashed or hung its worker; past `load_attempts` the scenario is refused,
+        so later episodes never take a shared worker (and its bystander episodes) down with it again.
+        A load that only queued behind another request's crash is no strike (`exc.culprit` is False)."""
+        if not exc.culprit or getattr(exc, "counted", False):  # concurrent openers share one failure
+            return
+        exc.counted = True
+        strikes = self._load_strikes[scenario] = self._load_strikes.get(scenario, 0) + 1
+        if strikes >= self.load_attempts:
+            self._broken[scenario] = (f"scenario {scenario!r}: environment code took its worker down at import "
+                                      f"{strikes} time(s) ({exc}); refused for the life of this runtime")
+            log.warning("%s", self._broken[scenario])
 
     def _complete_template(self, path: Path, report: BuildReport, sql: list[str], sample_data: dict | None) -> None:
         """Fold the code's import-time `create_all` into the template (upstream runs it on the live DB)."""
@@ -197,14 +263,19 @@ class EnvRuntime:
                 raise IndexError(f"scenario {scenario!r} has {len(tasks)} tasks; task_idx {task_idx} is out of range")
             task = tasks[task_idx]
         episode_id = episode_id or f"{scenario}-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
+        if not EPISODE_ID.fullmatch(episode_id):
+            raise ValueError(f"episode_id {episode_id!r} is not allowed: use 1-128 letters, digits, '.', '_' or "
+                             "'-', starting with a letter or digit (it names the episode's DB file)")
         await self.pool.start()
         slot = self.pool.place(scenario)
         with self._lock:
+            if episode_id in self.episodes or any(episode_id in s.episodes for s in self.pool.slots):
+                raise ValueError(f"episode_id {episode_id!r} is already open: close it first or pass another id")
             slot.episodes[episode_id] = scenario  # reserve before awaiting so placement sees it
         try:
             tools = await self._load(slot, scenario)
             template, _ = self._templates[scenario]
-            db_path = self.episode_dir / f"{episode_id}.db"
+            db_path = Path(self.pool.worker_dir(slot)) / f"{episode_id}.db"
             shutil.copyfile(template, db_path)
             generation = slot.generation
             await self._rpc(slot, generation, "open", {"episode": episode_id, "scenario": scenario,
@@ -304,14 +375,16 @@ class Episode:
     async def call(self, tool: str, arguments: dict[str, Any] | str | None = None) -> Observation:
         """Run one tool call; agent mistakes come back as error observations."""
         async with self._busy:
-            result = await self._rpc("call", {"tool": tool, "arguments": arguments})
+            # the worker interrupts SQL and Python past this soft deadline; the pool kills it at the hard one
+            soft = self.runtime.call_timeout_s * SOFT_DEADLINE_SHARE
+            result = await self._rpc("call", {"tool": tool, "arguments": arguments, "soft_timeout_s": soft})
             self.steps += 1
             return Observation(**result)
 
     async def reset(self) -> None:
         """Return the DB to the scenario's initial state (Gymnasium's reset, minus a new task)."""
         async with self._busy:
-            await self._rpc("restore", {"source": str(self.initial_db)})
+            await self._rpc("restore", {"source": str(self.initial_db), "fresh_module": True})
             self.steps = 0
 
     async def snapshot(self) -> Snapshot:
@@ -339,8 +412,13 @@ class Episode:
         source = Path(path).resolve()
         if not source.is_file():
             raise FileNotFoundError(f"state file {source} does not exist")
+        staged = self.db_path.with_name(f"{self.id}.load.db")  # the worker reads only its own dir
         async with self._busy:
-            await self._rpc("restore", {"source": str(source)})
+            await asyncio.to_thread(shutil.copyfile, source, staged)
+            try:
+                await self._rpc("restore", {"source": str(staged)})
+            finally:
+                staged.unlink(missing_ok=True)
 
     def state_hash(self) -> str:
         """Logical hash of the current DB content (for traces and replay checks)."""
@@ -387,7 +465,8 @@ class Episode:
         rt.episodes.pop(self.id, None)
         if not self.infra_error and not rt.closed:
             try:
-                await rt._rpc(self._slot, self._generation, "close", {"episode": self.id}, rt.call_timeout_s)
+                info = await rt._rpc(self._slot, self._generation, "close", {"episode": self.id}, rt.call_timeout_s)
+                rt.pool.episode_closed(self._slot, self._generation, info.get("max_rss_bytes", 0))
             except (InfraError, WorkerRequestError):
                 pass  # the worker is gone or never had it: nothing left to release
         for path in [self.db_path, *self._snapshot_paths]:

@@ -21,7 +21,13 @@ Beside MCP, a JSON control plane the agent never sees lets a remote rollout fini
 The session id is the `mcp-session-id` header of the initialize reply; mcp 2.3's client does not
 expose it, so read it with an httpx2 response hook (as tests/awm/test_mcp_server.py does).
 
-Command line: `python -m awm.mcp_server --scenario S [--data-dir D] [--host H] [--port P]`.
+Command line: `python -m awm.mcp_server --scenario S [--data-dir D] [--host H] [--port P]
+[--max-sessions N] [--session-idle-timeout S]`.
+
+Exposure: bound to a non-loopback address, every request must carry `Authorization: Bearer
+<token>`; the token is $AWM_MCP_TOKEN, or a fresh one printed at start. Open sessions are capped
+(`--max-sessions`, 503 past it) and expire after `--session-idle-timeout` seconds without a request.
+Episode dirs (`awm-episodes-*`) left by servers that were killed are removed at start.
 """
 
 from __future__ import annotations
@@ -29,8 +35,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
 import itertools
 import logging
+import os
+import secrets
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -54,14 +63,21 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from awm.data import normalize_scenario_name
-from awm.episode import EnvRuntime, Episode, Snapshot
+from awm.episode import EnvRuntime, Episode, Snapshot, remove_stale_episode_dirs
 from awm.pool import InfraError
+from awm.server_limits import (
+    MAX_SESSIONS,
+    SESSION_IDLE_TIMEOUT_S,
+    TOKEN_ENV,
+    ServerLimits,
+    add_limit_arguments,
+    limits_from,
+)
 
 log = logging.getLogger(__name__)
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 LOOPBACK_HOST_HEADERS = ["127.0.0.1", "localhost", "[::1]"]  # the Host header values naming them
-SESSION_IDLE_TIMEOUT_S = 30 * 60  # an abandoned session (no DELETE) gives its episode back after this
 SHUTDOWN_GRACE_S = 3.0  # uvicorn waits this long for open requests before cancelling them
 _TARGET = "awm.target"  # ASGI scope key: the validated (scenario, task_idx) of an MCP request
 
@@ -218,7 +234,7 @@ class _EpisodeService:
     """Everything behind the app: scenario routing, MCP handlers and the control plane."""
 
     def __init__(self, runtime: EnvRuntime, scenarios: list[str] | None, default_scenario: str | None,
-                 session_idle_timeout_s: float | None) -> None:
+                 session_idle_timeout_s: float | None, max_sessions: int | None) -> None:
         self.runtime = runtime
         self.scenarios, self.default = _resolve_scenarios(runtime, scenarios, default_scenario)
         self._allowed = set(self.scenarios)
@@ -226,7 +242,8 @@ class _EpisodeService:
         self._listings: dict[str, types.ListToolsResult] = {}
         self.server: Server[Any] = Server("awm", on_list_tools=self._list_tools, on_call_tool=self._call_tool)
         self.manager = StreamableHTTPSessionManager(self.server, json_response=True,
-                                                    session_idle_timeout=session_idle_timeout_s)
+                                                    session_idle_timeout=session_idle_timeout_s,
+                                                    max_sessions=max_sessions)
 
     # ---- routing ---------------------------------------------------------------------------
     def target(self, request: Request) -> _Target:
@@ -440,16 +457,35 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
+class _RequireToken:
+    """ASGI wrapper: every HTTP request must carry `Authorization: Bearer <token>` (compared in constant time)."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app, self.expected = app, f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                await JSONResponse({"error": f"send `Authorization: Bearer <token>`: the token printed when the "
+                                             f"server started, or ${TOKEN_ENV}"},
+                                   status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(runtime: EnvRuntime, scenarios: list[str] | None = None, default_scenario: str | None = None, *,
               allowed_hosts: list[str] | None = None,
-              session_idle_timeout_s: float | None = SESSION_IDLE_TIMEOUT_S) -> Starlette:
+              session_idle_timeout_s: float | None = SESSION_IDLE_TIMEOUT_S,
+              max_sessions: int | None = MAX_SESSIONS, token: str | None = None) -> Starlette:
     """The ASGI app: MCP at `/mcp` and `/mcp/{scenario}`, the control plane under `/episodes`, `/health`.
 
     `scenarios=None` serves every runnable scenario of the runtime's data. Run the app in the
     event loop that uses `runtime`. `allowed_hosts` guards against DNS rebinding (the SDK's
     default for a loopback server); leave it None when clients reach the server by other names.
+    `token`: require it as a bearer token on every request.
     """
-    service = _EpisodeService(runtime, scenarios, default_scenario, session_idle_timeout_s)
+    service = _EpisodeService(runtime, scenarios, default_scenario, session_idle_timeout_s, max_sessions)
     mcp = _McpEndpoint(service)
     routes = [
         Route("/mcp", mcp),
@@ -462,6 +498,8 @@ def build_app(runtime: EnvRuntime, scenarios: list[str] | None = None, default_s
         Route("/health", service.health, methods=["GET"]),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
+    if token:
+        middleware.append(Middleware(_RequireToken, token=token))
     return Starlette(routes=routes, middleware=middleware, lifespan=service.lifespan)
 
 
@@ -479,20 +517,26 @@ def _announce(scenario: str, url: str) -> None:
 
 async def serve(runtime: EnvRuntime, scenario: str, *, host: str = "127.0.0.1", port: int = 0,
                 scenarios: list[str] | None = None, stop: asyncio.Event | None = None,
-                ready: Callable[[str, str], None] = _announce) -> None:
+                ready: Callable[[str, str], None] = _announce, token: str | None = None,
+                max_sessions: int | None = MAX_SESSIONS,
+                session_idle_timeout_s: float | None = SESSION_IDLE_TIMEOUT_S) -> None:
     """Serve `runtime` until `stop` is set; every episode is closed on the way out, the runtime is not.
 
     The default scenario is loaded before the port opens, so a bad name fails before anything
     listens and the first session does not pay for the load. Once listening, `ready(scenario, url)`
     gets the actual URL (port 0 picks a free port); by default it prints the one line
-    `AWM MCP server for <scenario> at http://HOST:PORT/mcp`.
+    `AWM MCP server for <scenario> at http://HOST:PORT/mcp`. A non-loopback `host` needs a `token`.
     """
+    loopback = host in LOOPBACK_HOSTS
+    if not loopback and not token:
+        raise ValueError(f"serving on {host!r} reaches other machines: pass token= (the CLI reads ${TOKEN_ENV} "
+                         "or prints a fresh one), or bind to 127.0.0.1")
     stop = stop or asyncio.Event()
     scenario = runtime.scenario(scenario).name  # KeyError naming the data directory if unknown
     if not await _until_stopped(runtime.tools(scenario), stop):
         return
-    loopback = host in LOOPBACK_HOSTS
-    app = build_app(runtime, scenarios, scenario, allowed_hosts=LOOPBACK_HOST_HEADERS if loopback else None)
+    app = build_app(runtime, scenarios, scenario, allowed_hosts=LOOPBACK_HOST_HEADERS if loopback else None,
+                    session_idle_timeout_s=session_idle_timeout_s, max_sessions=max_sessions, token=token)
     server = _Uvicorn(uvicorn.Config(app, host=host, port=port, loop="asyncio", log_level="warning",
                                      access_log=False, lifespan="on", timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
     serving = asyncio.ensure_future(server.serve())
@@ -523,11 +567,19 @@ async def _until_stopped(work: Awaitable[Any], stop: asyncio.Event) -> bool:
 
 
 def run_server(data_dir: str | None, scenario: str, host: str, port: int, num_workers: int | None,
-               scenarios: list[str] | None = None) -> None:
+               scenarios: list[str] | None = None, limits: ServerLimits = ServerLimits()) -> None:
     """Blocking entry point of `awm env start`: serve until SIGINT/SIGTERM, then close everything.
 
     Everything = every episode, the worker processes and the verifier sandbox (the runtime).
     """
+    token = os.environ.get(TOKEN_ENV) or None
+    if host not in LOOPBACK_HOSTS and token is None:
+        token = secrets.token_urlsafe(24)
+        print(f"AWM MCP server token (send `Authorization: Bearer <token>`; set ${TOKEN_ENV} to choose it): "
+              f"{token}", flush=True)
+    removed = remove_stale_episode_dirs()
+    if removed:
+        log.warning("removed %d episode dirs of servers that are gone: %s", len(removed), ", ".join(removed))
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -536,7 +588,8 @@ def run_server(data_dir: str | None, scenario: str, host: str, port: int, num_wo
             loop.add_signal_handler(sig, stop.set)
         runtime = EnvRuntime(data_dir, num_workers=num_workers)
         try:
-            await serve(runtime, scenario, host=host, port=port, scenarios=scenarios, stop=stop)
+            await serve(runtime, scenario, host=host, port=port, scenarios=scenarios, stop=stop, token=token,
+                        max_sessions=limits.max_sessions, session_idle_timeout_s=limits.session_idle_timeout_s)
         finally:
             runtime.close()
 
@@ -552,9 +605,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-workers", type=int, default=None)
     parser.add_argument("--scenarios", nargs="*", default=None,
                         help="scenarios served at /mcp/{scenario} (default: every runnable one)")
+    add_limit_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    run_server(args.data_dir, args.scenario, args.host, args.port, args.num_workers, args.scenarios)
+    try:
+        limits = limits_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    run_server(args.data_dir, args.scenario, args.host, args.port, args.num_workers, args.scenarios, limits)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import signal
@@ -40,7 +41,13 @@ ENV_ALLOWLIST = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "
 
 
 class InfraError(RuntimeError):
-    """The environment infrastructure failed; not the agent's fault, never a reward of 0."""
+    """The environment infrastructure failed; not the agent's fault, never a reward of 0.
+
+    `culprit` is True on the request that was running when its worker died or overran (the worker
+    serves one request at a time, so that request caused it); False on the bystanders queued behind.
+    """
+
+    culprit = False
 
 
 class WorkerCrashed(InfraError):
@@ -85,6 +92,7 @@ class WorkerSlot:
     loaded: OrderedDict[str, asyncio.Future] = field(default_factory=OrderedDict)  # scenario -> load (LRU)
     episodes: dict[str, str] = field(default_factory=dict)  # episode id -> scenario
     dead_reason: str = ""
+    draining: bool = False  # past the memory ceiling: no new episodes, recycled when the last one closes
 
 
 class _WorkerProtocol(asyncio.Protocol):
@@ -119,9 +127,14 @@ class WorkerPool:
     """Processes, request routing, deadlines, crash recovery and episode placement."""
 
     def __init__(self, num_workers: int | None = None, *, max_scenarios: int = 64,
-                 scratch_dir: str | os.PathLike[str] | None = None) -> None:
+                 scratch_dir: str | os.PathLike[str] | None = None, read_dirs: tuple[str, ...] = (),
+                 lockdown: bool = True, memory_limit_bytes: int | None = 2 << 30) -> None:
         self.num_workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
         self.scratch_dir = str(scratch_dir or tempfile.gettempdir())  # owner deletes it: killed workers can't
+        self.read_dirs = tuple(str(d) for d in read_dirs)  # what workers may read besides Python itself
+        self.lockdown = lockdown
+        self.memory_limit_bytes = memory_limit_bytes  # peak RSS past which a worker is recycled between episodes
+        self.recycles = 0
         self.max_scenarios = max_scenarios
         self._ids = itertools.count(1)
         self._closed = False
@@ -140,18 +153,27 @@ class WorkerPool:
         return self
 
     # ---- processes -------------------------------------------------------------------
+    def worker_dir(self, slot: WorkerSlot) -> str:
+        """The only directory worker `slot` may write: its episodes' DBs and snapshots live here."""
+        return os.path.join(self.scratch_dir, f"worker-{slot.index}")
+
     def _spawn(self, slot: WorkerSlot) -> None:
         parent_sock, child_sock = socket.socketpair()
+        workdir = self.worker_dir(slot)
+        os.makedirs(workdir, exist_ok=True)
         env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(__file__)),
                                                         env.get("PYTHONPATH", "")] if p)
-        slot.proc = subprocess.Popen([sys.executable, "-m", "awm.worker", str(child_sock.fileno()), self.scratch_dir],
+        env["TMPDIR"] = workdir  # SQLite's and tempfile's scratch files stay where the worker may write
+        config = json.dumps({"dir": workdir, "read": self.read_dirs, "lockdown": self.lockdown})
+        # cwd is the worker's dir: `-m` puts it first on sys.path, and sys.path entries are readable
+        slot.proc = subprocess.Popen([sys.executable, "-m", "awm.worker", str(child_sock.fileno()), config],
                                      pass_fds=(child_sock.fileno(),), env=env, start_new_session=True,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, cwd=workdir)
         child_sock.close()
         parent_sock.setblocking(False)
         slot.pending, slot.loaded, slot.episodes = OrderedDict(), OrderedDict(), {}
-        slot.dead_reason, slot.transport, slot.outbox = "", None, []
+        slot.dead_reason, slot.transport, slot.outbox, slot.draining = "", None, [], False
         slot.head_started = time.monotonic()
         self._loop.create_task(self._connect(slot, slot.generation, parent_sock))
 
@@ -177,25 +199,31 @@ class WorkerPool:
             else:
                 item.future.set_exception(WorkerRequestError(result))
 
-    def _on_death(self, slot: WorkerSlot, generation: int, reason: str, exc_type: type = WorkerCrashed) -> None:
+    def _on_death(self, slot: WorkerSlot, generation: int, reason: str, exc_type: type = WorkerCrashed,
+                  recycled: bool = False) -> None:
         if slot.generation != generation:
             return
         self._kill(slot)
         code = slot.proc.returncode if slot.proc else None
-        if code is not None:
+        if code is not None and not recycled:
             reason += f" (exit code {code})"
-        if not self._closed:
+        if not self._closed and not recycled:
             log.warning("%s; %d requests and %d episodes fail as infrastructure errors", reason,
                         len(slot.pending), len(slot.episodes))
         pending = list(slot.pending.values())
         slot.generation += 1
         slot.dead_reason = reason
-        for item in pending:
-            _fail(item.future, exc_type(f"{reason} during '{item.op}'"))
+        for index, item in enumerate(pending):
+            exc = exc_type(f"{reason} during '{item.op}'")
+            exc.culprit = index == 0 and not recycled
+            _fail(item.future, exc)
         for fut in slot.loaded.values():
             _fail(fut, exc_type(f"{reason} while loading"))
         if not self._closed:
-            self.restarts += 1
+            if recycled:
+                self.recycles += 1
+            else:
+                self.restarts += 1
             self._spawn(slot)
 
     @staticmethod
@@ -254,9 +282,22 @@ class WorkerPool:
 
     # ---- placement -------------------------------------------------------------------
     def place(self, scenario: str) -> WorkerSlot:
-        """Pick the worker for a new episode of `scenario` (see module docstring)."""
-        return min(self.slots, key=lambda s: (len(s.episodes) + (0 if scenario in s.loaded else LOAD_PENALTY),
-                                              s.index))
+        """Pick the worker for a new episode of `scenario` (see module docstring); draining ones last."""
+        return min(self.slots, key=lambda s: (s.draining, len(s.episodes) +
+                                              (0 if scenario in s.loaded else LOAD_PENALTY), s.index))
+
+    def episode_closed(self, slot: WorkerSlot, generation: int, max_rss_bytes: int) -> None:
+        """Called after an episode of `slot` closed: a worker whose peak memory passed the ceiling takes
+        no new episodes and is replaced by a fresh process once its last episode is gone (a leak in
+        generated code is bounded without failing anyone's episode)."""
+        if generation != slot.generation:
+            return
+        if self.memory_limit_bytes and max_rss_bytes > self.memory_limit_bytes:
+            slot.draining = True
+        if slot.draining and not slot.episodes and not slot.pending and not self._closed:
+            log.info("worker %d recycled: peak memory %.0f MB > %.0f MB", slot.index, max_rss_bytes / 2**20,
+                     self.memory_limit_bytes / 2**20)
+            self._on_death(slot, generation, f"worker {slot.index} recycled (memory ceiling)", recycled=True)
 
     def ensure_loaded(self, slot: WorkerSlot, scenario: str, code: str, template: str, timeout_s: float,
                       tools: list[dict[str, Any]] | None = None) -> asyncio.Future:

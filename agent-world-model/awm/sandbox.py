@@ -1,5 +1,9 @@
 """What runs inside the verifier sandbox: the helper process and the child it forks per verifier.
 
+The kernel protections (`Lockdown`: network namespace, Landlock, seccomp, dropped capabilities) are
+also what an environment worker (`awm.worker`) applies to itself, with a writable directory of its
+own and threads allowed.
+
 `awm.verifier` starts this file as `python -I sandbox.py CONFIG` (isolated mode: no user site, no
 PYTHON* variables, no script directory on sys.path) with an allow-listed environment, so it imports
 only the standard library and nothing from `awm`. The helper reads JSON requests on stdin, forks one
@@ -54,6 +58,11 @@ from typing import Any
 HELPER_SCRIPT = os.path.abspath(__file__)
 
 _MAX_RESULT_BYTES = 8 << 20
+# A request queued this long (or a quarter of its timeout, if less) starts even when every slot is
+# taken, up to _OVERFLOW_FACTOR x max_workers children: hung verifiers hold their slots until their
+# own deadline, and without overflow each later request would wait about ceil(hung / slots) timeouts.
+_QUEUE_GRACE_S = 0.5
+_OVERFLOW_FACTOR = 4
 _TRACEBACK_LINES = 8
 _SOURCE_NAME = "<awm-verifier>"
 
@@ -66,8 +75,13 @@ _CLONE_NEWNET = 0x40000000
 _SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 1, 1 << 2, 1 << 3
 _LL_TRUNCATE = 1 << 14
-# seccomp: (audit arch, syscalls that create processes or threads) per machine.
-_SECCOMP_FORK_SYSCALLS = {"x86_64": (0xC000003E, (56, 57, 58, 435)), "aarch64": (0xC00000B7, (220, 435))}
+# seccomp, per machine: audit arch; syscalls always denied (fork, vfork, socket, ptrace, process_vm_readv,
+# process_vm_writev, unshare, setns); clone and clone3, allowed for threads only where threads are.
+_SECCOMP_SYSCALLS = {
+    "x86_64": {"arch": 0xC000003E, "deny": (57, 58, 41, 101, 310, 311, 272, 308), "clone": 56, "clone3": 435},
+    "aarch64": {"arch": 0xC00000B7, "deny": (198, 117, 270, 271, 97, 268), "clone": 220, "clone3": 435},
+}
+_CLONE_THREAD = 0x10000
 _RESULT_FD, _RULESET_FD = 3, 4
 # What a verifier may read besides its DB copies: the interpreter and system libraries, nothing else
 # (no /proc/<pid>/environ of the trainer, no home directories, no /tmp).
@@ -141,18 +155,24 @@ def _landlock_fs_rights(abi: int) -> int:
     return rights
 
 
-def _landlock_ruleset(libc: ctypes.CDLL, abi: int, workdir: str) -> int:
-    """A Landlock ruleset (built once in the helper): read-only access to the interpreter, system
-    libraries and the DB copies; no write, create, delete or exec anywhere; no TCP (ABI 4+); no signals
-    or abstract sockets out of the sandbox (ABI 6+)."""
+_LL_WRITE_DIR_RIGHTS = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 7) | (1 << 8)
+"""write, read, readdir, remove_dir, remove_file, make_dir, make_reg: what a writable dir grants (no exec)."""
+
+
+def _landlock_ruleset(libc: ctypes.CDLL, abi: int, readable_extra: tuple[str, ...],
+                      writable: tuple[str, ...] = ()) -> int:
+    """A Landlock ruleset: read-only access to the interpreter, system libraries and `readable_extra`,
+    plain files and directories under `writable` (no exec, sockets, devices or links there); no write,
+    create, delete or exec anywhere else; no TCP (ABI 4+); no signals or abstract sockets out (ABI 6+)."""
     attr = _LandlockRulesetAttr(_landlock_fs_rights(abi), 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
     size = 8 if abi < 4 else 16 if abi < 6 else 24
     ruleset = _syscall(libc, _SYS_LANDLOCK_CREATE_RULESET, ctypes.addressof(attr), size, 0)
-    readable = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, workdir, *sys.path}
+    readable = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *readable_extra, *sys.path}
     readable.update(_SYSTEM_READ_ROOTS, _SYSTEM_READ_FILES)
     rules = {path: _LL_READ_FILE | _LL_READ_DIR for path in readable if path}
     write = _LL_WRITE_FILE | (_LL_TRUNCATE if abi >= 3 else 0)
     rules.update({path: _LL_READ_FILE | (write if mode == "rw" else 0) for path, mode in _DEVICES.items()})
+    rules.update({path: _LL_WRITE_DIR_RIGHTS | (_LL_TRUNCATE if abi >= 3 else 0) for path in writable})
     for path, rights in rules.items():
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -160,7 +180,7 @@ def _landlock_ruleset(libc: ctypes.CDLL, abi: int, workdir: str) -> int:
             continue  # a missing optional path
         try:
             if not os.path.isdir(path):
-                rights &= ~_LL_READ_DIR
+                rights &= _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE  # file rules take file rights only
             rule = _LandlockPathBeneathAttr(rights, fd)
             _syscall(libc, _SYS_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.addressof(rule), 0)  # 1: path beneath
         finally:
@@ -168,40 +188,54 @@ def _landlock_ruleset(libc: ctypes.CDLL, abi: int, workdir: str) -> int:
     return ruleset
 
 
-def _seccomp_no_fork_program() -> _SockFprog | None:
-    """A seccomp filter that makes fork, vfork, clone and clone3 fail with EPERM (and refuses foreign
-    syscall ABIs), so a verifier cannot leave processes behind its process group. None off x86_64/aarch64."""
-    arch = _SECCOMP_FORK_SYSCALLS.get(os.uname().machine)
-    if arch is None:
+def _seccomp_program(threads: bool) -> _SockFprog | None:
+    """A seccomp filter that fails with EPERM: fork and vfork; clone unless it makes a thread (`threads`)
+    or always; clone3 (ENOSYS when `threads`, so the C library falls back to clone, whose flags a filter
+    can read); socket (no new sockets: no TCP, UDP or connect() to a Unix socket path); ptrace and
+    process_vm_readv/writev (no reading another process's memory); unshare and setns. Foreign syscall
+    ABIs are refused too. None off x86_64/aarch64."""
+    table = _SECCOMP_SYSCALLS.get(os.uname().machine)
+    if table is None:
         return None
-    audit_arch, numbers = arch
-    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    body = [(load, 4), (jeq, audit_arch), (load, 0), (jge, 0x40000000), *((jeq, n) for n in numbers)]
-    deny_at = len(body) + 1
+    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ALLOW / ERRNO
+    # (code, k, jump-if-true label, jump-if-false label); labels: None = next instruction
+    body: list[tuple[int, int, str | None, str | None]] = [
+        (load, 4, None, None), (jeq, table["arch"], None, "deny"),
+        (load, 0, None, None), (jge, 0x40000000, "deny", None),
+        *((jeq, n, "deny", None) for n in table["deny"]),
+    ]
+    if threads:
+        body += [(jeq, table["clone3"], "nosys", None), (jeq, table["clone"], None, "allow"),
+                 (load, 16, None, None), (jset, _CLONE_THREAD, "allow", "deny")]
+    else:
+        body += [(jeq, n, "deny", None) for n in (table["clone"], table["clone3"])]
+    ends = {"allow": allow, "deny": eperm, "nosys": enosys}
+    at = {label: len(body) + i for i, label in enumerate(ends)}
     program = []
-    for index, (code, k) in enumerate(body):
-        to_deny = deny_at - index - 1
-        if code == load:
-            program.append(_SockFilter(code, 0, 0, k))
-        elif index == 1:  # wrong architecture: deny; right one: go on
-            program.append(_SockFilter(code, 0, to_deny, k))
-        else:
-            program.append(_SockFilter(code, to_deny, 0, k))
-    program += [_SockFilter(ret, 0, 0, allow), _SockFilter(ret, 0, 0, deny)]
+    for index, (code, k, true, false) in enumerate(body):
+        jt = at[true] - index - 1 if true else 0
+        jf = at[false] - index - 1 if false else 0
+        program.append(_SockFilter(code, jt, jf, k))
+    program += [_SockFilter(ret, 0, 0, k) for k in ends.values()]
     filters = (_SockFilter * len(program))(*program)
     fprog = _SockFprog(len(program), filters)
     fprog._keep = filters  # the filter array must outlive the struct that points to it
     return fprog
 
 
-class _Lockdown:
-    """The kernel protections the helper found available, applied by each child to itself."""
+class Lockdown:
+    """The kernel protections available here, built once and applied by a process to itself.
 
-    def __init__(self, workdir: str) -> None:
+    The verifier helper builds one and each forked child applies it; an environment worker
+    (`awm.worker`) builds and applies its own with `writable` (its episode files) and `threads`
+    (FastAPI runs sync handlers in a thread pool).
+    """
+
+    def __init__(self, readable: tuple[str, ...], writable: tuple[str, ...] = (), *, threads: bool = False) -> None:
         self.libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
         libc = self.libc
-        # The helper only talks over pipes, so it can leave the network for itself and all children.
+        # The caller only talks over pipes or sockets it already has, so it can leave the network.
         self.network_isolated = libc is not None and libc.unshare(ctypes.c_int(_CLONE_NEWNET)) == 0
         self.landlock_abi = 0
         if libc is not None:
@@ -209,9 +243,10 @@ class _Lockdown:
                 self.landlock_abi = _syscall(libc, _SYS_LANDLOCK_CREATE_RULESET, 0, 0, 1)
             except OSError:
                 pass  # no Landlock in this kernel, or disabled
-        self.ruleset_fd = _landlock_ruleset(libc, self.landlock_abi, workdir) if self.landlock_abi else -1
+        self.ruleset_fd = (_landlock_ruleset(libc, self.landlock_abi, readable, writable)
+                           if self.landlock_abi else -1)
         seccomp_ok = libc is not None and libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) >= 0  # kernel has it
-        self.seccomp = _seccomp_no_fork_program() if seccomp_ok else None
+        self.seccomp = _seccomp_program(threads) if seccomp_ok else None
         # Root keeps uid 0 (its interpreter may live under /root) but gives up every capability.
         self.drop_capabilities = libc is not None and os.geteuid() == 0
 
@@ -224,7 +259,8 @@ class _Lockdown:
             "uid": os.geteuid(),
         }
 
-    def apply(self, helper_pid: int) -> None:
+    def apply(self, parent_pid: int | None, ruleset_fd: int | None = None) -> None:
+        """Lock this thread (and every thread or process it makes later) down; `parent_pid`: die with it."""
         libc = self.libc
         if libc is None:
             return
@@ -235,13 +271,15 @@ class _Lockdown:
                 except OSError:
                     break  # past the last capability this kernel knows
             _checked(libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), (_CapData * 2)()), "capset")
-        _prctl(libc, _PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != helper_pid:  # the helper died before the line above took effect
-            os._exit(0)
+        if parent_pid is not None:
+            _prctl(libc, _PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent_pid:  # the parent died before the line above took effect
+                os._exit(0)
         _prctl(libc, _PR_SET_NO_NEW_PRIVS, 1)
         if self.ruleset_fd >= 0:
-            _syscall(libc, _SYS_LANDLOCK_RESTRICT_SELF, _RULESET_FD, 0)
-            os.close(_RULESET_FD)
+            fd = self.ruleset_fd if ruleset_fd is None else ruleset_fd
+            _syscall(libc, _SYS_LANDLOCK_RESTRICT_SELF, fd, 0)
+            os.close(fd)
         if self.seccomp is not None:
             _prctl(libc, _PR_SET_SECCOMP, 2, ctypes.addressof(self.seccomp))  # 2: filter mode
 
@@ -395,7 +433,7 @@ def _child_main(request: dict[str, Any], result_fd: int, reqdir: str, server: "_
             initial, final = _snapshot_databases(request, reqdir)
             os.chdir(reqdir)
         _apply_limits(server.settings, request["timeout_s"])
-        server.lockdown.apply(server.pid)
+        server.lockdown.apply(server.pid, _RULESET_FD)
         message = _run_verifier(request, initial, final)
     except BaseException as exc:
         message = {"ok": False, "error": f"sandbox setup failed: {exc!r}"}
@@ -479,7 +517,7 @@ class _Server:
         self.settings = settings
         self.pid = os.getpid()
         self.workdir = settings["workdir"]
-        self.lockdown = _Lockdown(self.workdir)
+        self.lockdown = Lockdown((self.workdir,))
         self.selector = selectors.DefaultSelector()
         self.inbox = bytearray()
         self.queue: deque[dict[str, Any]] = deque()
@@ -510,14 +548,26 @@ class _Server:
         reply = _reply_from_child(bytes(job.output), status)
         return "" if reply.get("value") == {"result": "complete"} else reply.get("detail") or "no answer"
 
+    def _may_start(self, now: float) -> bool:
+        """Start the head of the queue: a free slot, or an overflow slot once it waited past its grace."""
+        if len(self.jobs) < self.settings["max_workers"]:
+            return True
+        return (len(self.jobs) < _OVERFLOW_FACTOR * self.settings["max_workers"]
+                and now >= self._grace_end(self.queue[0]))
+
+    @staticmethod
+    def _grace_end(request: dict[str, Any]) -> float:
+        return request["queued_at"] + min(_QUEUE_GRACE_S, request["timeout_s"] / 4)
+
     def serve(self) -> None:
         self.selector.register(0, selectors.EVENT_READ)
         while True:
-            while self.queue and len(self.jobs) < self.settings["max_workers"]:
+            while self.queue and self._may_start(time.monotonic()):
                 self._spawn(self.queue.popleft())
-            timeout = None
-            if self.jobs:
-                timeout = max(0.0, min(job.deadline for job in self.jobs.values()) - time.monotonic())
+            wake = [job.deadline for job in self.jobs.values()]
+            if self.queue:
+                wake.append(self._grace_end(self.queue[0]))
+            timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
             for key, _ in self.selector.select(timeout):
                 if key.fd == 0:
                     if not self._read_requests():
@@ -537,7 +587,8 @@ class _Server:
         self.inbox += chunk
         *lines, rest = bytes(self.inbox).split(b"\n")
         self.inbox = bytearray(rest)
-        self.queue.extend(json.loads(line) for line in lines if line.strip())
+        now = time.monotonic()
+        self.queue.extend({**json.loads(line), "queued_at": now} for line in lines if line.strip())
         return True
 
     def _spawn(self, request: dict[str, Any]) -> _Job | None:

@@ -269,7 +269,8 @@ class VerifierSandbox:
 
     Thread-safe; `averify` lets many verifications run at once (the helper runs up to
     `max_workers` children in parallel and queues the rest; a request's timeout starts when its
-    child starts). A dead helper is restarted on the next call; its in-flight requests get
+    child starts, and a request queued past a short grace gets an overflow child, so verifiers that
+    hang in every slot delay the others by the grace, not by their timeouts). A dead helper is restarted on the next call; its in-flight requests get
     judge_error. Use as a context manager or call close().
     """
 

@@ -1,7 +1,11 @@
 """The environment worker process: hosts scenario apps and the episode DB connections.
 
-Started by `awm.pool.WorkerPool` as `python -m awm.worker <fd>` with an allow-listed
-environment (generated code never sees API keys). Requests arrive over a socket as
+Started by `awm.pool.WorkerPool` as `python -m awm.worker <fd> <config>` with an allow-listed
+environment (generated code never sees API keys). Before serving, the worker locks itself down
+with the verifier sandbox's pieces (`awm.sandbox.Lockdown`): generated code runs in a process
+with no network, no capabilities, no new processes (threads only), no sockets, no ptrace, and,
+by Landlock, read access to the interpreter, libraries and scenario templates only (no /proc, so
+no other process's environment or memory) and write access to this worker's own directory only. Requests arrive over a socket as
 `(request_id, op, payload)` frames and are served one at a time, in order, by an asyncio loop
 that awaits each app call directly: handlers of AWM code are blocking SQLAlchemy work, so
 concurrency inside one process would buy nothing and would let episodes interleave on shared
@@ -14,8 +18,10 @@ episode's DB file; reset, snapshot and restore go through it (SQLite backup API)
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import resource
 import shutil
 import socket
 import sqlite3
@@ -25,7 +31,10 @@ import traceback
 from typing import Any
 
 from awm import wire
+from awm.deadline import CallDeadline
 from awm.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env, unload_env
+from awm.isolation import cancel_new_tasks, route_sqlite_connect
+from awm.sandbox import Lockdown
 
 log = logging.getLogger("awm.worker")
 
@@ -36,46 +45,73 @@ class Worker:
     def __init__(self, scratch_root: str | None = None) -> None:
         self.router = EpisodeRouter()
         self.envs: dict[str, LoadedEnv] = {}
+        self.sources: dict[str, tuple[str, str, list | None]] = {}  # scenario -> code, template, tools
+        self.private: dict[str, LoadedEnv] = {}  # episode -> its own module instance (module state)
         self.episodes: dict[str, tuple[str, EpisodeDB]] = {}
         self.scratch = tempfile.mkdtemp(prefix="awm-worker-", dir=scratch_root)
+        # what $DATABASE_PATH names for generated code: a raw sqlite3.connect of it opens the call's DB
+        self.database_path = os.path.join(self.scratch, "current-episode.db")
+        route_sqlite_connect(self.database_path, self.router.path)
+        self.protections: dict[str, Any] = {}
+        self.deadline = CallDeadline()
 
     # ops -----------------------------------------------------------------------------
     def op_ping(self, _: dict) -> dict:
-        return {"pid": os.getpid(), "scenarios": sorted(self.envs), "episodes": len(self.episodes)}
+        return {"pid": os.getpid(), "scenarios": sorted(self.envs), "episodes": len(self.episodes),
+                "protections": self.protections}
 
     def op_load(self, p: dict) -> dict:
         scenario = p["scenario"]
         if scenario not in self.envs:
-            scratch = os.path.join(self.scratch, f"{scenario}.db")
-            shutil.copyfile(p["template"], scratch)
-            try:
-                self.envs[scenario] = load_env(scenario, p["code"], self.router, scratch, p.get("tools"))
-            finally:
-                os.unlink(scratch)
+            self.envs[scenario] = self._import(scenario, p["code"], p["template"], p.get("tools"))
+            self.sources[scenario] = (p["code"], p["template"], p.get("tools"))
         env = self.envs[scenario]
         return {"tools": [t.to_dict() for t in env.tools.values()], "load_s": env.load_s,
-                "created_sql": env.created_sql}
+                "created_sql": env.created_sql, "module_state": env.module_state}
+
+    def _import(self, scenario: str, code: str, template: str, tools: list | None) -> LoadedEnv:
+        """A fresh module instance; its import-time DB work goes to a throwaway copy of the template."""
+        scratch = os.path.join(self.scratch, f"{scenario}.db")
+        shutil.copyfile(template, scratch)
+        try:
+            return load_env(scenario, code, self.router, scratch, tools, self.database_path)
+        finally:
+            os.unlink(scratch)
 
     def op_unload(self, p: dict) -> dict:
         env = self.envs.pop(p["scenario"], None)
+        self.sources.pop(p["scenario"], None)
         if env is not None:
             unload_env(env)
         return {}
 
     def op_open(self, p: dict) -> dict:
-        if p["scenario"] not in self.envs:
-            raise KeyError(f"scenario {p['scenario']!r} is not loaded in this worker")
-        self.episodes[p["episode"]] = (p["scenario"], EpisodeDB(p["db_path"]))
-        return {}
+        scenario, episode = p["scenario"], p["episode"]
+        if scenario not in self.envs:
+            raise KeyError(f"scenario {scenario!r} is not loaded in this worker")
+        if self.envs[scenario].module_state:  # the slower path: module state stays with its episode
+            self.private[episode] = self._import(scenario, *self.sources[scenario])
+        self.episodes[episode] = (scenario, EpisodeDB(p["db_path"], self.deadline))
+        return {"private_module": episode in self.private}
 
     async def op_call(self, p: dict) -> dict:
         scenario, db = self._episode(p["episode"])
-        obs = await call_tool(self.envs[scenario], self.router, db, p["tool"], p.get("arguments"))
+        env = self.private.get(p["episode"]) or self.envs[scenario]
+        before = asyncio.all_tasks()
+        try:
+            with self.deadline.running(p.get("soft_timeout_s")):
+                obs = await call_tool(env, self.router, db, p["tool"], p.get("arguments"))
+        finally:
+            cancel_new_tasks(before)  # a task left running would write during another episode's call
         return obs.to_dict()
 
     def op_restore(self, p: dict) -> dict:
-        """Overwrite the episode DB with `source` (the template for a reset, or a snapshot)."""
-        _, db = self._episode(p["episode"])
+        """Overwrite the episode DB with `source` (the template for a reset, or a snapshot); a reset
+        (`fresh_module`) also gives a private-module episode a fresh module, as a restarted server would."""
+        scenario, db = self._episode(p["episode"])
+        if p.get("fresh_module") and p["episode"] in self.private:
+            unload_env(self.private.pop(p["episode"]))
+            self.private[p["episode"]] = self._import(scenario, *self.sources[scenario])
         src = sqlite3.connect(f"file:{p['source']}?mode=ro", uri=True)
         try:
             src.backup(db.conn)
@@ -96,7 +132,10 @@ class Worker:
         item = self.episodes.pop(p["episode"], None)
         if item is not None:
             item[1].close()
-        return {}
+        private = self.private.pop(p["episode"], None)
+        if private is not None:
+            unload_env(private)
+        return {"max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
 
     def op_crash(self, p: dict) -> dict:
         """Test hook: die abruptly, as a segfault in a C extension would."""
@@ -120,10 +159,21 @@ class Worker:
                            "traceback": "".join(traceback.format_exc(limit=-4))}
 
 
-async def serve(sock: socket.socket, scratch_root: str | None = None) -> None:
-    """Read frames, answer each in order; return when the parent closes the socket."""
-    reader, writer = await asyncio.open_unix_connection(sock=sock)
-    worker, buffer = Worker(scratch_root), bytearray()
+def lock_down(config: dict[str, Any]) -> dict[str, Any]:
+    """Apply the sandbox to this process (it is single-threaded here, so every later thread inherits it)."""
+    if not config.get("lockdown", True):
+        return {"lockdown": False}
+    lockdown = Lockdown(tuple(config.get("read", ())), (config["dir"],), threads=True)
+    lockdown.apply(None)
+    return {"lockdown": True, **lockdown.describe()}
+
+
+async def serve(sock: socket.socket, config: dict[str, Any]) -> None:
+    """Lock down, then read frames and answer each in order; return when the parent closes the socket."""
+    reader, writer = await asyncio.open_unix_connection(sock=sock)  # the event loop's own sockets exist now
+    protections = lock_down(config)
+    worker, buffer = Worker(config.get("dir")), bytearray()
+    worker.protections = protections
     try:
         while data := await reader.read(1 << 16):
             buffer += data
@@ -138,7 +188,8 @@ async def serve(sock: socket.socket, scratch_root: str | None = None) -> None:
 
 def main() -> None:
     logging.basicConfig(level=os.environ.get("AWM_LOG_LEVEL", "WARNING"))
-    asyncio.run(serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2] if len(sys.argv) > 2 else None))
+    config = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {"lockdown": False}
+    asyncio.run(serve(socket.socket(fileno=int(sys.argv[1])), config))
 
 
 if __name__ == "__main__":

@@ -14,19 +14,29 @@ Layout (the shape of slime's Megatron checkpoints, with HF safetensors inside):
 An iteration is written into `iter_XXXXXXX.tmp-<pid>`, fsynced, renamed into place, and only then
 named in `latest_checkpointed_iteration.txt` (itself replaced atomically), so a crash at any moment
 leaves the previous checkpoint and the pointer to it untouched.
+
+A checkpoint damaged afterwards (a disk error, a partial copy, a hand edit) is found before it is
+loaded: each file's framing is checked (JSON parses, safetensors headers match their sizes, torch
+zip archives open). Loading then falls back to the newest older iteration that passes, and the log
+names the damaged file. Damage inside tensor data that leaves the framing intact is not detected.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
+
+logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
@@ -98,24 +108,99 @@ def save_checkpoint(
     return final
 
 
+class CheckpointDamaged(ValueError):
+    """A checkpoint file is missing or unreadable; the message names it."""
+
+
+def check_iteration(found: Path) -> dict[str, Any]:
+    """Check the framing of every file of iteration directory `found`; returns its trainer_state payload."""
+    state = found / STATE_FILE
+    try:
+        payload = json.loads(state.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointDamaged(f"{state}: unreadable ({exc})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+        got = payload.get("format") if isinstance(payload, dict) else payload
+        raise CheckpointDamaged(f"{state}: checkpoint format {got!r}, expected {FORMAT_VERSION}")
+    for name in ("optimizer.pt", "rng.pt"):
+        try:
+            with zipfile.ZipFile(found / name) as archive:
+                archive.namelist()
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise CheckpointDamaged(f"{found / name}: not a readable torch archive ({exc})") from None
+    weights = sorted((found / "model").glob("*.safetensors"))
+    if not weights:
+        raise CheckpointDamaged(f"{found / 'model'}: no *.safetensors")
+    for file in weights:
+        _check_safetensors(file)
+    return payload
+
+
+def _check_safetensors(file: Path) -> None:
+    """The header (u64 length + JSON) parses and the last tensor ends exactly at the end of the file."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                raise ValueError(f"header of {length} bytes in a file of {size}")
+            header = json.loads(f.read(length))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        if 8 + length + end != size:
+            raise ValueError(f"{size} bytes, the header describes {8 + length + end}")
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+        raise CheckpointDamaged(f"{file}: damaged safetensors file ({exc})") from None
+
+
+def _candidates(save_dir: Path) -> list[Path]:
+    """Iteration directories to try, newest first: the one the latest file names, then older ones."""
+    named: Path | None = None
+    latest = save_dir / LATEST_FILE
+    try:
+        named = iteration_dir(save_dir, int(latest.read_text().strip()))
+        if not named.exists():
+            # Killed while re-saving this iteration: the complete old copy was moved aside.
+            named = next(iter(sorted(save_dir.glob(f"{named.name}.old-*"))), named)
+    except (OSError, ValueError) as exc:
+        logger.warning("%s is unreadable (%s): looking for the newest good iteration", latest, exc)
+    others = sorted((p for p in save_dir.glob("iter_*") if p.is_dir() and p.name[5:].isdigit()),
+                    key=_iteration_of, reverse=True)
+    if named is None:
+        return others
+    return [named] + [p for p in others if _iteration_of(p) < _iteration_of(named)]
+
+
+def _iteration_of(path: Path) -> int:
+    """7 in `iter_0000007` and in `iter_0000007.old-123`."""
+    return int(path.name[5:].split(".")[0])
+
+
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """The iteration directory to load: `path` itself if it is one, else the latest under `path`."""
-    path = Path(path)
+    """The iteration directory to load: `path` itself if it is one, else the newest good one under `path`."""
+    return _resolve(Path(path))[0]
+
+
+def _resolve(path: Path) -> tuple[Path, dict[str, Any]]:
     if (path / STATE_FILE).is_file():
-        return path
-    latest = path / LATEST_FILE
-    if not latest.is_file():
+        return path, check_iteration(path)
+    if not (path / LATEST_FILE).is_file():
         raise FileNotFoundError(
             f"{path} is neither a checkpoint iteration (no {STATE_FILE}) nor a save directory "
             f"(no {LATEST_FILE}): point at the directory given to save_checkpoint"
         )
-    found = iteration_dir(path, int(latest.read_text().strip()))
-    if not found.exists():
-        # Killed while re-saving this iteration: the complete old copy was moved aside.
-        found = next(iter(sorted(path.glob(f"{found.name}.old-*"))), found)
-    if not (found / STATE_FILE).is_file():
-        raise FileNotFoundError(f"{latest} names {found.name}, which is missing or incomplete")
-    return found
+    damaged = []
+    for found in _candidates(path):
+        try:
+            payload = check_iteration(found)
+        except CheckpointDamaged as exc:
+            damaged.append(str(exc))
+            logger.warning("checkpoint %s is damaged: %s; trying the previous iteration", found.name, exc)
+            continue
+        if damaged:
+            logger.warning("resuming from %s instead: the newer checkpoint is damaged (%s)", found, damaged[0])
+        return found, payload
+    raise CheckpointDamaged(f"no loadable checkpoint under {path}: " + ("; ".join(damaged) or
+                            f"{LATEST_FILE} names no iteration directory that exists"))
 
 
 def load_checkpoint(
@@ -135,10 +220,7 @@ def load_checkpoint(
 
 def read_state(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """The iteration directory to load (see `resolve_checkpoint`) and its trainer_state payload."""
-    found = resolve_checkpoint(path)
-    payload = json.loads((found / STATE_FILE).read_text())
-    if payload.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{found} has checkpoint format {payload.get('format')}, expected {FORMAT_VERSION}")
+    found, payload = _resolve(Path(path))
     payload["path"] = str(found)
     return found, payload
 

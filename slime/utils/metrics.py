@@ -2,17 +2,25 @@
 
 TensorBoard files are written by hand (no tensorboard package needed); wandb is optional and
 offline unless `--wandb-mode online`.
+
+Resume: a run that resumes from a checkpoint repeats the steps logged after that checkpoint was
+saved. The JSONL keeps each step once: the first step a writer logs drops every earlier line of
+that step or later (they belong to the run that died), so the file reads as one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import socket
 import struct
 import time
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def _crc32c(data: bytes) -> int:
@@ -93,10 +101,8 @@ class MetricsWriter:
 
     def __init__(self, args: argparse.Namespace):
         path = args.metrics_path or (str(Path(args.save) / "metrics.jsonl") if args.save else None)
-        self.jsonl = None
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.jsonl = open(path, "a")  # noqa: SIM115 - kept open for the run
+        self.path = Path(path) if path else None
+        self.jsonl = None  # opened at the first log, after the lines it repeats are dropped
         self.tb = None
         if args.use_tensorboard:
             tb_dir = args.tensorboard_dir or (str(Path(args.save) / "tensorboard") if args.save else "tensorboard")
@@ -116,6 +122,13 @@ class MetricsWriter:
 
     def log(self, step: int, metrics: dict[str, Any], kind: str = "train") -> None:
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        if self.path is not None and self.jsonl is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            dropped = drop_steps_from(self.path, step)
+            if dropped:
+                logger.info("%s: dropped %d lines of steps >= %d (logged after the checkpoint this run resumed "
+                            "from)", self.path, dropped, step)
+            self.jsonl = open(self.path, "a")  # noqa: SIM115 - kept open for the run
         if self.jsonl is not None:
             self.jsonl.write(json.dumps({"kind": kind, "step": step, **metrics}) + "\n")
             self.jsonl.flush()
@@ -130,6 +143,31 @@ class MetricsWriter:
                 sink.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def drop_steps_from(path: Path, step: int) -> int:
+    """Rewrite the JSONL at `path` without its lines of `step` or later (atomically); returns how many went.
+
+    Lines that are not JSON objects with an integer step (a torn last line of a killed run) go too.
+    """
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            record = json.loads(line)
+            keep = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] < step
+        except ValueError:
+            keep = False
+        if keep:
+            kept.append(line if line.endswith("\n") else line + "\n")
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+    return dropped
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,8 @@ REPO = Path(__file__).resolve().parents[2]
 class ServerThread:
     """A real server in a thread; `on_server` runs coroutines in its loop (the runtime's loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scenario: str = DEFAULT, num_workers: int = 2, **serve_kwargs: Any) -> None:
+        self.scenario, self.num_workers, self.serve_kwargs = scenario, num_workers, serve_kwargs
         self.url = ""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.runtime: EnvRuntime | None = None
@@ -49,9 +50,9 @@ class ServerThread:
 
     async def _main(self) -> None:
         self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
-        self.runtime = EnvRuntime(num_workers=2)
+        self.runtime = EnvRuntime(num_workers=self.num_workers)
         try:
-            await serve(self.runtime, DEFAULT, stop=self.stop, ready=self._ready)
+            await serve(self.runtime, self.scenario, stop=self.stop, ready=self._ready, **self.serve_kwargs)
         except BaseException as exc:
             self.error = exc
             raise

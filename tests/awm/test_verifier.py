@@ -348,3 +348,48 @@ def test_verdict_record_and_cli_helper(dbs):
     assert Verdict("server_error", "sql").infra_failure and not Verdict("incomplete", "sql").infra_failure
     with pytest.raises(ValueError, match="not valid in code mode"):
         Verdict("incomplete", "code")
+
+
+def test_unix_socket_connect_is_denied(sandbox, dbs, tmp_path):
+    """A path-based Unix socket is a way out to any local daemon (Ray's, Docker's): socket() fails."""
+    import socket
+
+    path = str(tmp_path / "daemon.sock")
+    daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    daemon.bind(path)
+    daemon.listen()
+    os.chmod(tmp_path, 0o755)
+    body = f"""\
+    import socket
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect({path!r})
+        return {{"result": "complete", "seen": "connected"}}
+    except OSError as exc:
+        return {{"result": "complete", "seen": type(exc).__name__}}
+"""
+    try:
+        seen = _verdict(sandbox, dbs, body).result["seen"]
+    finally:
+        daemon.close()
+    assert seen == "PermissionError"
+
+
+def test_hung_verifiers_do_not_hold_up_a_healthy_one(dbs):
+    """Six verifiers that hang (sleep) in a sandbox of two slots: a healthy verifier submitted after
+    them finishes well within one timeout instead of waiting for three rounds of timeouts."""
+    hung = "def verify_task_completion(initial_db_path, final_db_path):\n    import time\n    time.sleep(60)\n"
+
+    async def main() -> tuple[list[Verdict], Verdict, float]:
+        with VerifierSandbox(max_workers=2) as box:
+            stuck = [asyncio.ensure_future(box.averify(hung, str(dbs["initial"]), str(dbs[1]), timeout_s=3.0))
+                     for _ in range(6)]
+            await asyncio.sleep(0.2)
+            started = time.monotonic()
+            healthy = await box.averify(_verifier_code(1), str(dbs["initial"]), str(dbs[1]), timeout_s=3.0)
+            elapsed = time.monotonic() - started
+            return await asyncio.gather(*stuck), healthy, elapsed
+
+    stuck, healthy, elapsed = asyncio.run(main())
+    assert healthy.verdict == "complete" and elapsed < 1.5
+    assert [v.verdict for v in stuck] == ["timeout"] * 6
