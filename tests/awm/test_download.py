@@ -26,7 +26,12 @@ from awm.download import AWM1K_FILES, AWM1K_REPO, DownloadError, download_awm1k
 from huggingface_hub import constants
 
 EXCERPT = Path(__file__).resolve().parents[2].parent / "shared" / "awm_1k_excerpt"
-pytestmark = pytest.mark.skipif(not EXCERPT.is_dir(), reason=f"AWM-1K excerpt not found at {EXCERPT}")
+
+
+@pytest.fixture(autouse=True)
+def _excerpt_present() -> None:
+    if not EXCERPT.is_dir():
+        pytest.fail(f"AWM-1K excerpt not found at {EXCERPT}: the shared folder beside the repository holds it")
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 GIT_FILES = {"gen_scenario.jsonl", "gen_tasks.jsonl"}  # everything else is served the LFS way

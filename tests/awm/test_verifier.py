@@ -80,7 +80,7 @@ def _sandbox_processes() -> set[int]:
 @pytest.fixture(scope="module")
 def dbs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     if not EXCERPT.is_dir():
-        pytest.skip(f"AWM excerpt not found at {EXCERPT}")
+        pytest.fail(f"AWM excerpt not found at {EXCERPT}: the shared folder beside the repository holds it")
     root = tmp_path_factory.mktemp("e_commerce_33")
     initial = root / "initial.db"
     _build_initial_db(initial)

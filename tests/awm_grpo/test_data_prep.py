@@ -126,8 +126,9 @@ def test_bad_ratios_fail():
         split_tasks(synthetic(5, ("x",)), ratios=(0.5, 0.5, 0.5), seed=0, split_by="scenario")
 
 
-@pytest.mark.skipif(not EXCERPT.is_dir(), reason="the AWM-1K excerpt is not at ../shared/awm_1k_excerpt")
 def test_awm1k_excerpt_read_in_place(tmp_path, capsys):
+    if not EXCERPT.is_dir():
+        pytest.fail(f"the AWM-1K excerpt is not at {EXCERPT}: the shared folder beside the repository holds it")
     # The excerpt has verifiers only for e_commerce_33, whose environment code is not included.
     assert main(["--data-dir", str(EXCERPT), "--out", str(tmp_path / "a")]) == 2
     assert "--include-unrunnable" in capsys.readouterr().err
