@@ -107,6 +107,8 @@ tensor = torch.zeros(3)
 dist.broadcast(tensor, src=0, group=group)
 print(tensor.tolist(), flush=True)
 dist.destroy_process_group(group)
+import os
+os._exit(0)  # no interpreter finalization with gloo's threads torn down (see tests/slime/dp_worker.py)
 """
 
 
