@@ -24,9 +24,11 @@ import atexit
 import contextlib
 import itertools
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from awm.server_limits import TOKEN_ENV
 from awm.verifier import Verdict
 
 logger = logging.getLogger(__name__)
@@ -179,12 +181,22 @@ class McpEnv:
             if not self.session_id and "mcp-session-id" in response.headers:
                 self.session_id = response.headers["mcp-session-id"]
 
-        self.http = await self._stack.enter_async_context(
-            httpx2.AsyncClient(timeout=self.timeout_s, event_hooks={"response": [remember]}))
+        # A server bound off loopback requires its bearer token (awm.server_limits.TOKEN_ENV) on every request.
+        token = os.environ.get(TOKEN_ENV)
+        self.http = await self._stack.enter_async_context(httpx2.AsyncClient(
+            timeout=self.timeout_s, headers={"Authorization": f"Bearer {token}"} if token else None,
+            event_hooks={"response": [remember]}))
         try:
             # A plain request first: the MCP client reports an unreachable server as a cancellation
             # from inside its task group, which cannot be told apart from a real one.
-            (await self.http.get(f"{self.base}/health")).raise_for_status()
+            reply = await self.http.get(f"{self.base}/health")
+            if reply.status_code == 401:
+                raise EnvInfraError(f"MCP server {self.base} wants its token: set {TOKEN_ENV} to the token the "
+                                    "server printed at start (or was started with)")
+            reply.raise_for_status()
+        except EnvInfraError:
+            await self.close()
+            raise
         except Exception as exc:
             await self.close()
             raise EnvInfraError(f"MCP server {self.base} is not healthy: {type(exc).__name__}: {exc}") from exc

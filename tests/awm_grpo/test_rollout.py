@@ -260,9 +260,8 @@ def test_engine_abort_returns_an_aborted_sample(tiny_model_dir, engine, tmp_path
     assert s.status == Sample.Status.ABORTED and s.metadata["awm"]["stop_reason"] == "engine_abort"
 
 
-@pytest.fixture(scope="module")
-def mcp_server():
-    """A real `awm env start` server (MCP streamable HTTP + control plane) in a thread."""
+def _serve_in_thread(**serve_kwargs):
+    """A real `awm env start` server (MCP streamable HTTP + control plane) in a thread: yields its base URL."""
     import threading
 
     from awm.episode import EnvRuntime
@@ -276,7 +275,7 @@ def mcp_server():
         runtime = EnvRuntime(num_workers=1)
         try:
             await serve(runtime, SCENARIO, stop=box["stop"],
-                        ready=lambda scenario, url: (box.setdefault("url", url), ready.set()))
+                        ready=lambda scenario, url: (box.setdefault("url", url), ready.set()), **serve_kwargs)
         finally:
             runtime.close()
             ready.set()
@@ -287,6 +286,11 @@ def mcp_server():
     yield box["url"].removesuffix("/mcp")
     box["loop"].call_soon_threadsafe(box["stop"].set)
     thread.join(15)
+
+
+@pytest.fixture(scope="module")
+def mcp_server():
+    yield from _serve_in_thread()
 
 
 def test_mcp_transport_gives_the_same_episode_as_in_process(tiny_model_dir, engine, tmp_path, mcp_server):
@@ -308,6 +312,25 @@ def test_mcp_transport_gives_the_same_episode_as_in_process(tiny_model_dir, engi
                               [list(t.get("state", {}).get("changes", {})) for t in trace["turns"]])
     assert results["mcp"] == results["inprocess"]
     assert results["mcp"][1] == "complete" and results["mcp"][2] == 1
+
+
+def test_a_server_off_loopback_is_reached_with_its_token(tiny_model_dir, engine, tmp_path, monkeypatch):
+    """A server bound to 0.0.0.0 wants its bearer token (awm.server_limits.TOKEN_ENV) on every request: the
+    rollout sends it from the environment, and without it the episode is an infra failure that says so."""
+    from awm.server_limits import TOKEN_ENV
+
+    for base in _serve_in_thread(host="0.0.0.0", token="s3cret-token"):
+        url = base.replace("0.0.0.0", "127.0.0.1")
+        engine.reset()
+        engine.reply(call("search_books", query="Dune"), "Found it.")
+        monkeypatch.delenv(TOKEN_ENV, raising=False)
+        s = run(make_args(tiny_model_dir, engine.url, tmp_path, transport="mcp", mcp_urls=[url]))
+        assert s.status == Sample.Status.FAILED and TOKEN_ENV in s.metadata["awm"]["infra_error"]
+        engine.reset()
+        engine.reply(call("search_books", query="Dune"), "Found it.")
+        monkeypatch.setenv(TOKEN_ENV, "s3cret-token")
+        s = run(make_args(tiny_model_dir, engine.url, tmp_path, transport="mcp", mcp_urls=[url]))
+        assert s.metadata["awm"]["infra_error"] is None and s.metadata["awm"]["tool_calls"] == 1
 
 
 def test_unreachable_mcp_server_is_an_infra_failure(tiny_model_dir, engine, tmp_path):
