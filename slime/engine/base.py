@@ -36,7 +36,7 @@ BEGIN_WEIGHT_UPDATE = Route("POST", "/begin_weight_update")  # sglang 0.5.23 loa
 END_WEIGHT_UPDATE = Route("POST", "/end_weight_update")  # a begin ... end session (slime.weight_sync)
 
 # Every request the project sends to an engine, including what the router forwards (it relays the
-# client's method for /flush_cache and the deprecated info routes). tests/test_sglang_conformance.py
+# client's method for /flush_cache and the deprecated info routes). tests/slime/test_sglang_conformance.py
 # checks each against the pinned sglang's own FastAPI app and request structs, and fails on an
 # engine route named anywhere in the code that is missing here.
 ENGINE_ROUTES: tuple[Route, ...] = (
