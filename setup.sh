@@ -8,7 +8,7 @@
 # CPU machines (no GPU): the pinned CPU set (torch==2.13.0, CPU build: the installer is pointed at a
 # CPU wheel source first, so nothing can pull a multi-GB CUDA torch), then the embedded default:
 # bundled scenarios and their template DBs, a small Qwen3-architecture model built locally, the
-# splits, and a warm start of that model on the reference solutions when awm_grpo/warmstart.py exists.
+# splits, and a warm start of that model on the reference solutions when awm_grpo/warmstart/sft.py exists.
 # GPU machines: the `gpu` extra, Qwen3-4B and AWM-1K downloaded with huggingface_hub, template DBs
 # built, splits written. The trainer reads Hugging Face checkpoints directly: there is no conversion.
 # Nothing is written to a .env file: the run script reads only its config, flags and environment.
@@ -193,8 +193,8 @@ else
     "$PY" -m slime.models.tiny --out "$BASE"
   fi
   # ---- warm start: supervised fine-tuning on the bundled reference solutions (optional step) ----
-  if [[ ! -f "$ROOT/awm_grpo/warmstart.py" ]]; then
-    log "warm start: awm_grpo/warmstart.py is not in this checkout; training starts from $BASE"
+  if [[ ! -f "$ROOT/awm_grpo/warmstart/sft.py" ]]; then
+    log "warm start: awm_grpo/warmstart/sft.py is not in this checkout; training starts from $BASE"
   elif [[ "$SKIP_WARMSTART" == 1 || "$SKIP_MODEL" == 1 ]]; then
     log "warm start: skipped"
   elif [[ -f "$CPU_MODELS/warmstart/config.json" ]]; then

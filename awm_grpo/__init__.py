@@ -1,0 +1,39 @@
+"""The AWM GRPO recipe: multi-turn rollouts on AWM environments, rewards, traces, and its launcher.
+
+Data flows one way: data_prep -> rollout (chat, env_client, protocol) -> reward -> traces; eval plays
+held-out splits with the same rollout; launch/ starts slime.train with these as plugins; recovery/ is
+the implicit-recovery method; warmstart/ the SFT that gives RL a non-zero start.
+
+Modules that moved into those subpackages raise an error that names their new home.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+
+MOVED = {
+    "awm_grpo.progress": "awm_grpo.recovery.progress",
+    "awm_grpo.credit": "awm_grpo.recovery.credit",
+    "awm_grpo.recovery_metrics": "awm_grpo.recovery.metrics",
+    "awm_grpo.recovery_split": "awm_grpo.recovery.split",
+    "awm_grpo.compare": "awm_grpo.recovery.compare",
+    "awm_grpo.drill": "awm_grpo.warmstart.drill",
+    "awm_grpo.counterfactual": "awm_grpo.warmstart.counterfactual",
+    "awm_grpo.config": "awm_grpo.launch.config",
+    "awm_grpo.knobs": "awm_grpo.launch.knobs",
+    "awm_grpo.processes": "awm_grpo.launch.processes",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder):
+    """Turns `import awm_grpo.compare` (or `python -m awm_grpo.compare`) into an error naming the new path."""
+
+    def find_spec(self, name: str, path: object, target: object = None) -> None:
+        if name in MOVED:
+            raise ModuleNotFoundError(f"{name} moved to {MOVED[name]}: use that path (import or python -m)", name=name)
+        return None
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModules())

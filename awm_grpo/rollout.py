@@ -16,7 +16,7 @@ Stop conditions: final answer; `awm_max_turns` model turns (or the turn schedule
 `awm_max_repeated_calls` identical calls (same name and arguments) in a row; engine abort.
 
 Recovery method (optional): with `awm_predicates` (a predicates JSONL) each turn that ran a tool
-gets Phi after it (awm_grpo.progress), every model turn its response-token span [start, end), and
+gets Phi after it (awm_grpo.recovery.progress), every model turn its response-token span [start, end), and
 `sample.metadata["awm"]["credit"]` the compact per-turn signals awm_grpo.recovery.advantages needs.
 `sample.metadata` may carry `start_db` (a DB file loaded before the first turn) and `start_messages`
 (assistant / tool messages after the task, part of the prompt): the controlled recovery split.
@@ -61,7 +61,7 @@ class RolloutConfig:
     max_repeated_calls: int = 3
     enable_thinking: bool = False
     trace_dir: str | None = None
-    predicates: str | None = None  # predicates JSONL: per-turn progress (awm_grpo.progress)
+    predicates: str | None = None  # predicates JSONL: per-turn progress (awm_grpo.recovery.progress)
 
     def __post_init__(self) -> None:
         if self.predicates and self.env.transport != "inprocess":
@@ -131,7 +131,7 @@ class Episode:
     invalid_calls: int = 0
     tool_calls: int = 0
     drift_tokens: int = 0
-    recovery: dict[str, Any] | None = None  # awm_grpo.progress: Phi_0, preservation, per-turn credit signals
+    recovery: dict[str, Any] | None = None  # awm_grpo.recovery.progress: Phi_0, preservation, per-turn credit signals
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0})
 
     def summary(self) -> dict[str, Any]:
@@ -158,7 +158,7 @@ class ToolRunner:
 
     def __init__(self, cfg: RolloutConfig, env: EnvSession, episode: Episode) -> None:
         self.cfg, self.env, self.episode = cfg, env, episode
-        self.progress: Any = None  # awm_grpo.progress.ProgressTracker when awm_predicates is set
+        self.progress: Any = None  # awm_grpo.recovery.progress.ProgressTracker when awm_predicates is set
         self.last_key: str | None = None
         self.repeats = 0
 
@@ -273,7 +273,7 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         budget = min(budget, args.rollout_max_context_len - len(prompt))
     turns = ToolRunner(cfg, env, episode)
     if cfg.predicates:
-        from awm_grpo.progress import open_tracker
+        from awm_grpo.recovery.progress import open_tracker
 
         turns.progress = await asyncio.to_thread(open_tracker, cfg.predicates, env.code, episode.scenario,
                                                  episode.task_idx, env.db_path)
@@ -331,7 +331,7 @@ def chat_encoder(tokenizer: Any, cfg: RolloutConfig, tools: list[dict[str, Any]]
 async def start_state(env: EnvSession, meta: dict[str, Any]) -> list[dict[str, Any]]:
     """Optional start state: load `meta["start_db"]` into the episode; return `meta["start_messages"]`.
 
-    The controlled recovery split (awm_grpo.recovery_split) starts episodes from a snapshotted
+    The controlled recovery split (awm_grpo.recovery.split) starts episodes from a snapshotted
     damaged DB and the conversation that led there (assistant / tool messages after the task).
     """
     if meta.get("start_db"):

@@ -7,7 +7,7 @@
 #   bash awm_grpo/run_awm_grpo.sh -- --rollout-top-p 0.95  # flags after -- go to slime.train
 #
 # Precedence: --set/--profile > environment variables > --config file > auto-profile. No .env is read.
-# This wrapper only picks the interpreter; awm_grpo/launch.py does the work (--help lists its flags).
+# This wrapper only picks the interpreter; awm_grpo/launch/job.py does the work (--help lists its flags).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"

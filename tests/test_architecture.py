@@ -9,7 +9,12 @@ imports under `if TYPE_CHECKING:` are types only and do not count.
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
+
+import pytest
+
+import awm_grpo
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"awm": REPO / "agent-world-model" / "awm", "slime": REPO / "slime", "awm_grpo": REPO / "awm_grpo"}
@@ -124,3 +129,11 @@ def test_the_loop_finder_finds_a_hidden_loop(tmp_path):
     b.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from slime.a import g\n")
     edges = {name: imports_of(path, known) - {name} for name, path in known.items()}
     assert cycles(edges) == []
+
+
+@pytest.mark.parametrize("old", sorted(awm_grpo.MOVED))
+def test_a_moved_module_names_its_new_home(old: str) -> None:
+    """Old import paths and `python -m` commands fail with the new path, and the new path exists."""
+    with pytest.raises(ModuleNotFoundError, match=f"moved to {awm_grpo.MOVED[old]}"):
+        importlib.import_module(old)
+    importlib.import_module(awm_grpo.MOVED[old])

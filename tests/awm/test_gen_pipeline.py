@@ -196,7 +196,7 @@ def test_generated_environment_trains_through_the_recipe_rollout(pipeline, tmp_p
     """A generated record is usable by awm_grpo's rollout: a scripted policy solves task 0 end to end."""
     from awm_grpo import env_client
     from awm_grpo.rollout import play
-    from awm_grpo.warmstart import teacher_policy
+    from awm_grpo.warmstart.sft import teacher_policy
     from slime.arguments import parse_args
     from slime.models.tiny import build_tiny_model
     from slime.rollout.sglang_rollout import GenerateState

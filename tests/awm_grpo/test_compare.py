@@ -1,4 +1,4 @@
-"""The pieces of `python -m awm_grpo.compare`: equal runs but for the credit, valid slime flags, checkpoint export.
+"""The pieces of `python -m awm_grpo.recovery.compare`: equal runs but for the credit, valid slime flags, checkpoint export.
 
 The full command (train B1 and the method, evaluate on the controlled split) is the slow test at
 the end; it runs one step per method with the random tiny model, so it checks wiring, not learning.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from awm_grpo import compare
+from awm_grpo.recovery import compare
 from slime.arguments import parse_args
 
 
@@ -91,7 +91,7 @@ def test_training_prompts_add_the_handovers_of_tasks_not_held_out(tmp_path):
 def test_compare_trains_both_methods_and_prints_the_table(tmp_path, tiny_model_dir):
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "awm_grpo.compare", "--out", str(tmp_path), "--model",
+    out = subprocess.run([sys.executable, "-m", "awm_grpo.recovery.compare", "--out", str(tmp_path), "--model",
                           str(tiny_model_dir), "--steps", "1", "--batch", "1", "--group", "2", "--seeds", "0",
                           "--eval-limit", "1", "--max-response-len", "512", "--max-tokens-per-turn", "32",
                           "--eval-tasks", "all"], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)

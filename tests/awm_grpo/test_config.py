@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from awm_grpo import config as C
-from awm_grpo.knobs import KNOBS, PROFILES
-from awm_grpo.launch import (
+from awm_grpo.launch import config as C
+from awm_grpo.launch.job import (
     LaunchError,
     check_against_slime,
     check_model,
@@ -27,7 +26,8 @@ from awm_grpo.launch import (
     slime_command,
     start_mcp_servers,
 )
-from awm_grpo.processes import Children
+from awm_grpo.launch.knobs import KNOBS, PROFILES
+from awm_grpo.launch.processes import Children
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = "81559 MiB, NVIDIA H100 80GB HBM3\n81559 MiB, NVIDIA H100 80GB HBM3\n"
@@ -407,7 +407,7 @@ def test_stop_all_ends_our_process_groups_only(tmp_path, bystander, mode):
 DRIVER = """
 import sys
 from pathlib import Path
-from awm_grpo import config, launch
+from awm_grpo.launch import config, job as launch
 cfg = config.resolve(None, env={"SAVE_DIR": sys.argv[1]}, gpus=[])
 child = [sys.executable, "-c", sys.argv[2], sys.argv[1] + "/pids", "polite"]
 sys.exit(launch.run(cfg, child, Path(sys.argv[1]) / "awm_runtime.yaml", grace_s=5.0))
@@ -462,9 +462,9 @@ def test_gpu_command_is_accepted_by_slime_and_reaches_sglang():
 def test_the_knob_reference_in_docs_is_the_generated_table(capsys):
     """docs/knobs.md is `run_awm_grpo.sh --knobs`'s output: a knob or default changed in knobs.py without
     regenerating it fails here."""
-    from awm_grpo.config import knob_table
-    from awm_grpo.knobs import KNOBS
-    from awm_grpo.launch import main
+    from awm_grpo.launch.config import knob_table
+    from awm_grpo.launch.job import main
+    from awm_grpo.launch.knobs import KNOBS
 
     table = knob_table()
     assert main(["--knobs"]) == 0 and capsys.readouterr().out == table

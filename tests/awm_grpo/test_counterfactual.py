@@ -10,9 +10,9 @@ from awm.scenarios import build
 from awm.scenarios.worlds import invent_like
 from transformers import AutoTokenizer
 
-from awm_grpo.counterfactual import substitute
 from awm_grpo.data_prep import prepare
-from awm_grpo.warmstart import collect
+from awm_grpo.warmstart.counterfactual import substitute
+from awm_grpo.warmstart.sft import collect
 from slime.arguments import parse_args
 
 

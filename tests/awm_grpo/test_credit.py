@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from awm_grpo.credit import (
+from awm_grpo.recovery.credit import (
     CreditConfig,
     EpisodeSignals,
     action_step_rewards,
@@ -173,7 +173,7 @@ def test_b2_action_based_step_reward():
     assert approx(action_step_rewards([True, False, True, None], [True, True, False, False], 10),
                   [0.01, 0.0, -0.01, 0.0])
     ep = _ep(3, 1.0, call_ok=[True, True, None], relevant_tool=[True, False, False])
-    from awm_grpo.credit import episode_rewards
+    from awm_grpo.recovery.credit import episode_rewards
     assert approx(episode_rewards(ep, CreditConfig(method="b2", max_turns=10)), [0.01, -0.01, 1.0])
 
 

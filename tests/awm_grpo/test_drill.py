@@ -7,8 +7,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from awm_grpo.drill import drill_episodes
 from awm_grpo.rollout import RolloutConfig, chat_encoder
+from awm_grpo.warmstart.drill import drill_episodes
 from slime.arguments import parse_args
 
 

@@ -19,7 +19,7 @@ from rollout_helpers import make_args, qwen3_template
 from awm_grpo import protocol
 from awm_grpo.rollout import engine_policy, play
 from awm_grpo.traces import TRACE_KEY, episode_metrics
-from awm_grpo.warmstart import Episodes, sft, teacher_policy
+from awm_grpo.warmstart.sft import Episodes, sft, teacher_policy
 from slime.models.tiny import build_tiny_model
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample

@@ -15,7 +15,7 @@ import sqlite3
 import pytest
 from rollout_helpers import make_args
 
-from awm_grpo.recovery import advantages, trace_metrics
+from awm_grpo.recovery.plugin import advantages, trace_metrics
 from awm_grpo.reward import reward
 from awm_grpo.rollout import generate
 from awm_grpo.traces import log_rollout

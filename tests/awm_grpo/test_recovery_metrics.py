@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from awm_grpo.recovery_metrics import (
+from awm_grpo.recovery.metrics import (
     EpisodeRecord,
     TableChange,
     TurnRecord,

@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from awm_grpo import recovery_split
+from awm_grpo.recovery import split as recovery_split
 
 SCENARIO = "library_lending_1"
 

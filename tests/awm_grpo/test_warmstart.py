@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from awm_grpo.data_prep import prepare
-from awm_grpo.warmstart import SMALL_CONFIG, collect, domain_corpus, sft, small_base
+from awm_grpo.warmstart.sft import SMALL_CONFIG, collect, domain_corpus, sft, small_base
 from slime.arguments import parse_args
 
 
@@ -84,7 +84,7 @@ def test_reference_episodes_skip_list_tools_when_asked_and_still_verify(tmp_path
 def test_cli_builds_a_domain_base_drills_it_and_records_what_it_did(tmp_path, tiny_model_dir):
     import pytest
 
-    from awm_grpo.warmstart import main
+    from awm_grpo.warmstart.sft import main
 
     prepare(tmp_path / "splits", split_by="task", seed=42)
     out = tmp_path / "ws"
@@ -108,7 +108,7 @@ def test_cli_builds_a_domain_base_drills_it_and_records_what_it_did(tmp_path, ti
 def test_save_every_keeps_intermediate_starts_that_differ_from_the_final_one(tmp_path, tiny_model_dir):
     from safetensors.torch import load_file
 
-    from awm_grpo.warmstart import main
+    from awm_grpo.warmstart.sft import main
 
     prepare(tmp_path / "splits", split_by="task", seed=42)
     out = tmp_path / "ws"
@@ -127,7 +127,7 @@ def test_cli_warm_starts_a_base_that_ships_qwen3s_template(tmp_path):
     """`--chat-template` (Qwen3-4B's) + `--enable-thinking`: the episodes, the drill and the saved model use it."""
     from rollout_helpers import QWEN3_TEMPLATE, qwen3_template
 
-    from awm_grpo.warmstart import main
+    from awm_grpo.warmstart.sft import main
 
     prepare(tmp_path / "splits", split_by="task", seed=42)
     out = tmp_path / "ws"

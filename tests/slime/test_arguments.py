@@ -47,8 +47,8 @@ def test_nccl_weight_sync_is_refused_with_colocated_engines():
 def test_gpu_profiles_pick_the_trainer_setting_measured_to_fit(gpus):
     """README, GPU memory: Qwen3-4B's step runs out of memory without recompute (>134 GiB) and peaks at
     63 GiB with fsdp + bf16 + full recompute; the Megatron backend is fp32 and replicated (~75 GiB)."""
-    from awm_grpo import config as C
-    from awm_grpo.launch import check_against_slime, slime_command
+    from awm_grpo.launch import config as C
+    from awm_grpo.launch.job import check_against_slime, slime_command
 
     cfg = C.resolve(None, env={}, gpus=C.parse_nvidia_smi(gpus))
     cmd = slime_command(cfg, "/tmp/rt.yaml")

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
 
-from awm_grpo.config import detect_gpus, profile_for
+from awm_grpo.launch.config import detect_gpus, profile_for
 from slime.algorithms.losses import PolicyLossConfig
 from slime.backends.distributed import DataParallel
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig

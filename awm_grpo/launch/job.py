@@ -2,13 +2,13 @@
 
     bash awm_grpo/run_awm_grpo.sh [--config FILE] [--set KEY=VALUE ...] [--profile P] [--dry-run] [-- slime flags]
 
-Steps: resolve every knob (`awm_grpo.config`; printed with its source), check prerequisites with
+Steps: resolve every knob (`awm_grpo.launch.config`; printed with its source), check prerequisites with
 errors that say what to run (model folder, data folder, splits: written with `awm_grpo.data_prep`
 when missing), write the runtime YAML (`<save_dir>/awm_runtime.yaml`, the `awm_*` keys the rollout
 reads, passed as `--custom-config-path`), check the command against slime's own parser, then run
 `python -m slime.train` as a child in its own process group. With `environment.transport: mcp` and
 no URLs it first starts `awm env start` servers. On exit, Ctrl-C or SIGTERM it stops exactly the
-processes it started (`awm_grpo.processes`). Flags after `--` go to slime.train verbatim, last,
+processes it started (`awm_grpo.launch.processes`). Flags after `--` go to slime.train verbatim, last,
 so they win over the knobs (argparse keeps the last value).
 """
 
@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
-from awm_grpo.config import ConfigError, ResolvedConfig, knob_table, parse_sets, resolve
-from awm_grpo.knobs import KNOBS, REPO
-from awm_grpo.processes import Children, Stopped, ignore_signals, raise_on_signals, restore_signals
+from awm_grpo.launch.config import ConfigError, ResolvedConfig, knob_table, parse_sets, resolve
+from awm_grpo.launch.knobs import KNOBS, REPO
+from awm_grpo.launch.processes import Children, Stopped, ignore_signals, raise_on_signals, restore_signals
 
 logger = logging.getLogger("awm_grpo.launch")
 
@@ -57,7 +57,7 @@ def runtime_config(cfg: ResolvedConfig, mcp_urls: list[str] | None = None) -> di
 
 
 def knob_flags(cfg: ResolvedConfig) -> list[str]:
-    """slime.train flags of every `--flag` knob (see `awm_grpo.knobs` for each target)."""
+    """slime.train flags of every `--flag` knob (see `awm_grpo.launch.knobs` for each target)."""
     v, cpu = cfg.values, cfg["inference.engine_type"] == "cpu"
     skip = {"inference.sglang_mem_fraction_static"} if cpu else {"inference.engine_max_batch_size"}
     if not v["logging.wandb_enabled"]:

@@ -1,13 +1,13 @@
 """B1 (outcome-only GRPO) against the recovery method, on the embedded CPU default, judged on the controlled split.
 
-    python -m awm_grpo.compare                                   # build what is missing, train, evaluate, print
-    python -m awm_grpo.compare --methods b1 ours traj_agg --seeds 0 1 2 --steps 4 --eval-limit 0
-    python -m awm_grpo.compare --dry-run                         # print the training commands only
+    python -m awm_grpo.recovery.compare                                   # build what is missing, train, evaluate, print
+    python -m awm_grpo.recovery.compare --methods b1 ours traj_agg --seeds 0 1 2 --steps 4 --eval-limit 0
+    python -m awm_grpo.recovery.compare --dry-run                         # print the training commands only
 
 For every seed and method: a short `python -m slime.train` run from the same starting model, same
 prompts, same seeds, the recipe's plugins (awm_grpo.rollout / reward / traces), progress predicates
 on, and only the credit switched (`awm_credit_method` through `awm_grpo.recovery.advantages`); then
-the trained policy plays every handover of the controlled recovery split (`awm_grpo.recovery_split`)
+the trained policy plays every handover of the controlled recovery split (`awm_grpo.recovery.split`)
 of the tasks held out from training (`--eval-tasks heldout`: the val and test split's tasks; `all`:
 every task, training tasks included, from their damaged states).
 Training prompts (`--train-from`): the train split from initial states, the split's handovers of
@@ -35,13 +35,13 @@ from typing import Any
 
 import yaml
 
-from awm_grpo import recovery_split
-from awm_grpo.launch import PLUGINS
-from awm_grpo.processes import Children
-from awm_grpo.recovery import METHODS
+from awm_grpo.launch.job import PLUGINS
+from awm_grpo.launch.processes import Children
+from awm_grpo.recovery import split as recovery_split
+from awm_grpo.recovery.plugin import METHODS
 from slime.backends.checkpoint import copy_tokenizer_files
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "runs" / "awm_grpo" / "compare"
 SPLITS = REPO / "runs" / "awm_grpo" / "splits" / "bundled"
 MODELS = REPO / "runs" / "awm_grpo" / "models"
@@ -148,7 +148,7 @@ def starting_model(opts: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m awm_grpo.compare", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m awm_grpo.recovery.compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--model", help="starting HF model folder (default: runs/awm_grpo/models/warmstart, else base)")
     p.add_argument("--split", help="controlled recovery split folder (default: OUT/split, built when missing)")

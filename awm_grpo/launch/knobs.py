@@ -3,7 +3,7 @@
 Targets: `--flag` is a `python -m slime.train` flag (bool knobs: the flag is passed when true);
 `yaml:awm_x` is a key of the runtime YAML given as `--custom-config-path` (the rollout, reward and
 traces read `args.awm_x`); `launcher` is used by `awm_grpo.launch` itself (the doc says how).
-Resolution and precedence live in `awm_grpo.config`; this file is data only.
+Resolution and precedence live in `awm_grpo.launch.config`; this file is data only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUNS = "runs/awm_grpo"
 CPU_BASE_MODEL = f"{RUNS}/models/base"  # slime.models.tiny, built by setup.sh
 CPU_WARM_MODEL = f"{RUNS}/models/warmstart"  # awm_grpo.warmstart on the reference solutions, if run

@@ -2,10 +2,10 @@
 
     --custom-advantage-function-path awm_grpo.recovery.advantages
 
-Per sample the rollout (with `awm_predicates`, see awm_grpo.progress) leaves compact per-turn
+Per sample the rollout (with `awm_predicates`, see awm_grpo.recovery.progress) leaves compact per-turn
 signals in `sample.metadata["awm"]["credit"]`: each model turn's response-token span [start, end),
 Phi after it, write / error / format / relevant-read flags. Per group of rollouts (same
-`group_index`) this module builds `awm_grpo.credit.EpisodeSignals` and applies credit.py:
+`group_index`) this module builds `awm_grpo.recovery.credit.EpisodeSignals` and applies credit.py:
 
     r(t)    = lambda R_prog(t) + gamma_v R_verify(t) + R_fmt(t) + 1[t = T] R_out      (ours, traj_agg)
     G_{i,t} = sum_{u >= t} eta^(u-t) r_i(u);  A_{i,t} = carry + leave-one-out advantage (credit.py)
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from awm_grpo.credit import (
+from awm_grpo.recovery.credit import (
     CreditConfig,
     EpisodeSignals,
     episode_rewards,
@@ -52,7 +52,7 @@ from awm_grpo.credit import (
     to_token_advantages,
     trajectory_advantages,
 )
-from awm_grpo.recovery_metrics import EpisodeRecord, TableChange, TurnRecord, flat_metrics, recovery_metrics
+from awm_grpo.recovery.metrics import EpisodeRecord, TableChange, TurnRecord, flat_metrics, recovery_metrics
 from awm_grpo.reward import outcome
 from slime.utils.types import Sample
 

@@ -10,12 +10,12 @@ reward and learns nothing. This stage gives the embedded CPU default a non-zero 
    `complete` on each (a solution that does not verify is dropped and reported);
 2. names must be copied, not memorised: the practice set's renamed worlds (`--practice DIR
    --worlds K`, awm.scenarios.worlds) are real, verified training tasks with invented names, and
-   `--counterfactuals K` adds K renamed copies of each practice episode (awm_grpo.counterfactual),
+   `--counterfactuals K` adds K renamed copies of each practice episode (awm_grpo.warmstart.counterfactual),
    drawn fresh every epoch so that no invented name is seen twice;
 3. a model built from scratch gets a tokenizer trained partly on the scenarios' own text
    (`domain_corpus`; with `--split-digits`, one token a digit, so numbers are copied id for id) and,
    with `--drill N`, first learns to copy names, numbers and ids on synthetic episodes
-   (awm_grpo.drill, `--drill-kinds`);
+   (awm_grpo.warmstart.drill, `--drill-kinds`);
 4. the model is trained with masked next-token loss on the model tokens (loss mask 1 only);
 5. the result is saved as a Hugging Face folder, the recipe's `--hf-checkpoint`.
 
@@ -40,9 +40,9 @@ from tqdm import tqdm
 
 from awm_grpo import protocol
 from awm_grpo.chat import ChatEncoder
-from awm_grpo.counterfactual import counterfactuals, renamable
-from awm_grpo.drill import KINDS, drill_episodes
 from awm_grpo.rollout import Policy, RolloutConfig, chat_encoder, play
+from awm_grpo.warmstart.counterfactual import counterfactuals, renamable
+from awm_grpo.warmstart.drill import KINDS, drill_episodes
 from slime.arguments import parse_args
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-response-len", type=int, default=2048, help="as the CPU profile (episodes that do not fit are dropped)")
     parser.add_argument("--max-observation-tokens", type=int, default=256, help="as the CPU profile")
     parser.add_argument("--counterfactuals", type=int, default=0, help="renamed copies per practice-set episode "
-                        "(awm_grpo.counterfactual; needs slot values, i.e. the practice set, and --tool-mode meta)")
+                        "(awm_grpo.warmstart.counterfactual; needs slot values, i.e. the practice set, and --tool-mode meta)")
     parser.add_argument("--list-tools", action=argparse.BooleanOptionalAction, default=True,
                         help="meta mode: open each reference episode with list_tools (--no-list-tools: call "
                         "call_tool directly, the shorter episode a small model learns to copy names in)")
@@ -287,10 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=None, help="from-scratch base only: transformer layers "
                         f"(default {SMALL_CONFIG['num_hidden_layers']}; 6 did best on the practice set, 1.4x slower)")
     parser.add_argument("--drill", type=int, default=0, metavar="N", help="first train on N synthetic copy-drill "
-                        "episodes (awm_grpo.drill; meta mode; 2000 did well for the 6-layer model)")
+                        "episodes (awm_grpo.warmstart.drill; meta mode; 2000 did well for the 6-layer model)")
     parser.add_argument("--drill-epochs", type=int, default=5)
     parser.add_argument("--drill-kinds", default="name", metavar="K[,K]",
-                        help="what the drill makes the model copy (awm_grpo.drill.KINDS): name (a name from the "
+                        help="what the drill makes the model copy (awm_grpo.warmstart.drill.KINDS): name (a name from the "
                         "task into the call and from the result into the answer), value (a number from the result "
                         "into the answer), id (an id from one result into the next call); default name")
     parser.add_argument("--save-every", type=int, default=0, metavar="K", help="also save the model after every "

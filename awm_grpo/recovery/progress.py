@@ -109,7 +109,7 @@ class ProgressTracker:
         self._rows = _snapshot_rows(self.db_path)
 
     def _phi(self) -> tuple[float, float, list[float]]:
-        from awm_grpo.credit import potential
+        from awm_grpo.recovery.credit import potential
 
         values = evaluate(self.db_path, self.task.predicates)
         return potential(values, self.kinds), potential(values, self.kinds, binary_only=True), values

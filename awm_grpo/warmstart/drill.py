@@ -23,7 +23,7 @@ which the name drill never shows (the warm-start model then writes `product_id: 
       -> Done: hold 512 on 'Velmor Tasin'.
 
 The episodes are never played against an environment. Their tokens are built the way the rollout
-builds an episode (awm_grpo.counterfactual.rebuild: prompt, replies with the end-of-turn token, the
+builds an episode (awm_grpo.warmstart.counterfactual.rebuild: prompt, replies with the end-of-turn token, the
 chat template's observation deltas), in the meta-tool call format of the warm start's episodes,
 with whatever system prompt the given encoder carries (the warm start gives none: see there).
 """
@@ -35,7 +35,7 @@ import random
 from typing import Any
 
 from awm_grpo.chat import ChatEncoder
-from awm_grpo.counterfactual import rebuild
+from awm_grpo.warmstart.counterfactual import rebuild
 from slime.utils.types import Sample
 
 SYLLABLES = ("ka lo mi ren tor vel sa nu pe dra fin gor hal ish jun kel mor nal os pri qua rus sel tam ul "

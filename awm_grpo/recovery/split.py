@@ -1,8 +1,8 @@
 """Controlled recovery split: episodes that start from a damaged state, to test whether a policy repairs it.
 
-    python -m awm_grpo.recovery_split build --out DIR [--predicates FILE] [--weak-traces TRACES.jsonl ...]
-    python -m awm_grpo.recovery_split evaluate --split DIR --model CKPT [--seeds 0 1 2] [--temperature 0.7]
-    python -m awm_grpo.recovery_split evaluate --split DIR --engine-url http://127.0.0.1:30000 --model TOKENIZER
+    python -m awm_grpo.recovery.split build --out DIR [--predicates FILE] [--weak-traces TRACES.jsonl ...]
+    python -m awm_grpo.recovery.split evaluate --split DIR --model CKPT [--seeds 0 1 2] [--temperature 0.7]
+    python -m awm_grpo.recovery.split evaluate --split DIR --engine-url http://127.0.0.1:30000 --model TOKENIZER
 
 Build (recovery-method section 8): for every state-mutating task (per the predicates file) with a
 reference solution, a damaged intermediate state is
@@ -46,7 +46,7 @@ from typing import Any
 
 from awm_grpo import protocol
 
-log = logging.getLogger("awm_grpo.recovery_split")
+log = logging.getLogger("awm_grpo.recovery.split")
 REPORTED = ("recovery_success", "additional_damage", "verification_first_rate", "SR", "DSR")
 
 
@@ -75,7 +75,7 @@ async def _handover(runtime: Any, tracker_args: tuple, scenario: str, idx: int, 
     from awm.database import backup
     from awm.predicate_set import evaluate as evaluate_predicates
 
-    from awm_grpo.progress import open_tracker
+    from awm_grpo.recovery.progress import open_tracker
 
     ep = await runtime.open(scenario, idx)
     try:
@@ -133,7 +133,7 @@ async def build(out: Path, *, data_dir: str | None, predicates: str | None, scen
     from awm.predicates import write_jsonl
     from awm.solutions import load_solutions
 
-    from awm_grpo.progress import load_predicates, tool_semantics
+    from awm_grpo.recovery.progress import load_predicates, tool_semantics
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "states").mkdir(exist_ok=True)
@@ -226,8 +226,8 @@ def evaluate(split_dir: str | Path, *, model: str | None, engine_url: str | None
     import yaml
 
     from awm_grpo import eval as awm_eval
-    from awm_grpo.recovery import episode_record
-    from awm_grpo.recovery_metrics import recovery_metrics
+    from awm_grpo.recovery.metrics import recovery_metrics
+    from awm_grpo.recovery.plugin import episode_record
 
     split_dir = Path(split_dir)
     manifest = json.loads((split_dir / "manifest.json").read_text())
@@ -271,7 +271,7 @@ def print_table(rows: dict[str, dict[str, dict[str, tuple[float, float, int]]]])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m awm_grpo.recovery_split", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m awm_grpo.recovery.split", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="snapshot damaged states + conversation prefixes of state-mutating tasks")
     b.add_argument("--out", required=True)
