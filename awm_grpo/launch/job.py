@@ -29,7 +29,14 @@ from typing import Any
 
 import yaml
 
-from awm_grpo.launch.config import ConfigError, ResolvedConfig, knob_table, parse_sets, resolve
+from awm_grpo.launch.config import (
+    ConfigError,
+    ResolvedConfig,
+    config_template,
+    knob_table,
+    parse_sets,
+    resolve,
+)
 from awm_grpo.launch.knobs import KNOBS, REPO
 from awm_grpo.launch.processes import Children, Stopped, ignore_signals, raise_on_signals, restore_signals
 
@@ -234,6 +241,9 @@ def parse_cli(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--knobs", action="store_true",
                    help="print every knob with its variable, target and per-profile default (Markdown: docs/knobs.md), "
                    "then exit")
+    p.add_argument("--config-template", action="store_true",
+                   help="print awm_grpo/config.yaml as generated from the knobs (every value auto, defaults in comments), "
+                   "then exit")
     p.add_argument("--prepare-only", action="store_true",
                    help="write the splits this config needs (setup.sh uses it), then exit")
     p.add_argument("--grace", type=float, default=30.0, help="seconds children get to exit after SIGTERM")
@@ -242,8 +252,8 @@ def parse_cli(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     opts, extra = parse_cli(list(sys.argv[1:] if argv is None else argv))
-    if opts.knobs:
-        print(knob_table(), end="")
+    if opts.knobs or opts.config_template:
+        print(knob_table() if opts.knobs else config_template(), end="")
         return 0
     logging.basicConfig(level=logging.INFO, format="[awm_grpo] %(message)s")
     try:

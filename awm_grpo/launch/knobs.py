@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from awm_grpo.recovery.credit import CreditConfig
+
 REPO = Path(__file__).resolve().parents[2]
 RUNS = "runs/awm_grpo"
 CPU_BASE_MODEL = f"{RUNS}/models/base"  # slime.models.tiny, built by setup.sh
@@ -40,6 +42,14 @@ class Derived:
     text: str
 
 
+SECTIONS = {  # config.yaml's sections, in order, with the comment on their line
+    "paths": "", "hardware": "",
+    "data": "used when the launcher writes missing splits (python -m awm_grpo.data_prep)",
+    "training": "", "optimizer": "", "grpo": "", "inference": "",
+    "environment": "the awm_* keys of the runtime YAML (--custom-config-path) the rollout reads",
+    "recovery": "implicit recovery learning (docs/recovery-method.md)", "logging": "",
+}
+
 K = Knob
 KNOBS: tuple[Knob, ...] = (
     K("paths.hf_checkpoint", "HF_CKPT", "path", "--hf-checkpoint", "HF model folder: policy init, tokenizer, engine"),
@@ -58,7 +68,9 @@ KNOBS: tuple[Knob, ...] = (
     K("hardware.rollout_num_gpus", "ROLLOUT_NUM_GPUS", "int", "--rollout-num-gpus", "GPUs of the engines"),
     K("hardware.rollout_num_gpus_per_engine", "ROLLOUT_NUM_GPUS_PER_ENGINE", "int", "--rollout-num-gpus-per-engine",
       "tensor parallelism of one engine"),
-    K("hardware.colocate", "COLOCATE", "bool", "--colocate", "trainer and engines share GPUs"),
+    K("hardware.colocate", "COLOCATE", "bool", "--colocate",
+      "trainer and engines share GPUs (engines release their memory while the trainer trains, the trainer "
+      "moves to host memory while they generate)"),
     K("hardware.ray_num_cpus", "RAY_NUM_CPUS", "int", "--ray-num-cpus", "logical CPUs of the local Ray cluster"),
     K("data.split_by", "AWM_SPLIT_BY", "str", "launcher", "data_prep --split-by when splits are written",
       choices=("scenario", "task")),
@@ -79,7 +91,8 @@ KNOBS: tuple[Knob, ...] = (
       choices=("torch", "fsdp", "megatron")),
     K("training.bf16", "BF16", "bool", "--bf16", "bf16 compute with fp32 weights and optimizer (fsdp backend)"),
     K("training.recompute_granularity", "RECOMPUTE_GRANULARITY", "str", "--recompute-granularity",
-      "full: gradient checkpointing; selective: LM-head chunks only; null: keep activations", nullable=True,
+      "full: gradient checkpointing; selective: LM-head chunks only; null: keep activations (Qwen3-4B does not "
+      "fit one GPU without full, measured)", nullable=True,
       choices=("full", "selective")),
     K("training.dynamic_sampling_filter", "DYNAMIC_SAMPLING_FILTER_PATH", "str", "--dynamic-sampling-filter-path",
       "group filter (null: keep every group)", nullable=True),
@@ -157,7 +170,8 @@ KNOBS: tuple[Knob, ...] = (
       "predicates JSONL (`awm predicates build --out F`): per-turn progress in rollouts, traces and metrics",
       nullable=True),
     K("recovery.credit_method", "AWM_CREDIT_METHOD", "str", "yaml:awm_credit_method",
-      "null: slime's own advantages; else awm_grpo.recovery.advantages with this method", nullable=True,
+      "null: slime's own advantages; else awm_grpo.recovery.advantages with this method (b2, ours and "
+      "traj_agg need predicates)", nullable=True,
       choices=("b1", "b2", "ours", "traj_agg")),
     K("recovery.credit_lambda", "AWM_CREDIT_LAMBDA", "float", "yaml:awm_credit_lambda", "progress weight lambda"),
     K("recovery.credit_beta", "AWM_CREDIT_BETA", "float", "yaml:awm_credit_beta", "verification bonus beta"),
@@ -241,8 +255,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "environment.tool_timeout": 30.0, "environment.verifier_timeout": 30.0, "environment.env_workers": 8,
         "environment.enable_thinking": True, "environment.reward_complete": 1.0,
         "environment.reward_partial": 0.1, "environment.reward_other": 0.0,
-        "recovery.predicates": None, "recovery.credit_method": None, "recovery.credit_lambda": 0.5,
-        "recovery.credit_beta": 0.05, "recovery.credit_eta": 0.95,
+        "recovery.predicates": None, "recovery.credit_method": None, "recovery.credit_lambda": CreditConfig.lam,
+        "recovery.credit_beta": CreditConfig.beta, "recovery.credit_eta": CreditConfig.eta,  # the method's home
         "logging.tensorboard": True, "logging.wandb_enabled": False, "logging.wandb_project": "awm-grpo",
         "logging.wandb_group": None, "logging.wandb_mode": "offline",
     },

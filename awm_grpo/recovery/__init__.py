@@ -11,6 +11,15 @@
 The method in the project's own words: docs/recovery-method.md.
 """
 
-from awm_grpo.recovery.plugin import advantages
+from __future__ import annotations
 
-__all__ = ["advantages"]
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    """`awm_grpo.recovery.advantages` resolves on first use, so credit.py and progress.py import without torch."""
+    if name == "advantages":
+        from awm_grpo.recovery.plugin import advantages
+
+        return advantages
+    raise AttributeError(f"module 'awm_grpo.recovery' has no attribute {name!r}")

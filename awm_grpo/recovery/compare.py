@@ -38,6 +38,7 @@ import yaml
 from awm_grpo.launch.job import PLUGINS
 from awm_grpo.launch.processes import Children
 from awm_grpo.recovery import split as recovery_split
+from awm_grpo.recovery.credit import CreditConfig
 from awm_grpo.recovery.plugin import METHODS
 from slime.backends.checkpoint import copy_tokenizer_files
 
@@ -163,9 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=2, help="prompts per step")
     p.add_argument("--group", type=int, default=4, help="rollouts per prompt")
     p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--lam", type=float, default=0.5)
-    p.add_argument("--beta", type=float, default=0.05)
-    p.add_argument("--eta", type=float, default=0.95)
+    p.add_argument("--lam", type=float, default=CreditConfig.lam, help="progress weight lambda")
+    p.add_argument("--beta", type=float, default=CreditConfig.beta, help="verification bonus beta")
+    p.add_argument("--eta", type=float, default=CreditConfig.eta, help="turn discount eta")
     p.add_argument("--max-turns", type=int, default=6)
     p.add_argument("--max-tokens-per-turn", type=int, default=128)
     p.add_argument("--max-response-len", type=int, default=1024)

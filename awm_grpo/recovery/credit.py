@@ -1,4 +1,4 @@
-"""Turn-level rewards and credit of the recovery method (recovery-method.md sections 3-5), as pure functions.
+"""Turn-level rewards and credit of the recovery method (docs/recovery-method.md), as pure functions.
 
 Notation: a group of n rollouts of one task; rollout i has turns t = 1..T_i; Phi_k = Phi(s_k) is the
 progress potential after k turns (Phi_0 on the initial DB). Lists are 0-based: `x[t-1]` is turn t.
@@ -11,8 +11,9 @@ progress potential after k turns (Phi_0 on the initial DB). Lists are 0-based: `
     r(t)        = lambda R_prog(t) + gamma_v R_verify(t) + R_fmt(t) + 1[t = T] R_out
     G_t         = sum_{u >= t} eta^(u-t) r(u)
 
-Advantages come out per turn (list of lists); `to_token_advantages` spreads them onto each turn's
-model tokens with slime's `spread_turn_values` (turn t -> turn id t-1), so the loss mask stays 0/1.
+Advantages come out per turn (list of lists); plugin.py's `to_token_advantages` spreads them onto each
+turn's model tokens with slime's `spread_turn_values` (turn t -> turn id t-1), so the loss mask stays 0/1.
+This module is plain Python (no torch): the launcher reads `CreditConfig`'s defaults from here.
 
 Estimator choice (why "carry + leave-one-out"): with the policy deciding when a rollout stops, the
 naive per-index pool A_{i,t} = (G_{i,t} - mu_t) / sigma_t over the rollouts alive at t is biased:
@@ -32,11 +33,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Literal
-
-import torch
-from torch import Tensor
-
-from slime.algorithms.advantages import spread_turn_values
 
 TurnValues = list[list[float]]
 
@@ -233,18 +229,3 @@ def group_turn_advantages(group: list[EpisodeSignals], cfg: CreditConfig) -> Tur
     if cfg.estimator == "naive":
         return naive_turn_advantages(returns, eps=cfg.eps)
     return carry_turn_advantages(returns, baseline=cfg.baseline, scale=cfg.scale, eps=cfg.eps)
-
-
-def pad_turns(values: TurnValues, num_turns: int | None = None) -> Tensor:
-    """[B, K] float tensor of per-turn values, zero-padded past each rollout's last turn."""
-    K = num_turns or max((len(v) for v in values), default=1) or 1
-    out = torch.zeros(len(values), K)
-    for i, v in enumerate(values):
-        if v:
-            out[i, : len(v)] = torch.tensor(v[:K], dtype=out.dtype)
-    return out
-
-
-def to_token_advantages(values: TurnValues, turn_ids: Tensor, loss_mask: Tensor) -> Tensor:
-    """Per-token advantages [B, T]: turn t's advantage on the model tokens of turn t (turn id t-1)."""
-    return spread_turn_values(pad_turns(values), turn_ids, loss_mask)

@@ -15,19 +15,19 @@ the loss mask stays a 0/1 mask). R_out is reward.py's outcome (one place turns a
 reward); R_fmt = -1 on the first turn with an invalid call (reward.py charges the penalty once per
 episode, so B1 here equals plain GRPO on reward.py's reward even when invalid calls do not terminate).
 
-Switches (keys of the runtime YAML, i.e. attributes of args):
+Switches (keys of the runtime YAML, i.e. attributes of args; unset ones take `credit.CreditConfig`'s defaults):
 
-| key | default | meaning |
-|---|---|---|
-| awm_credit_method | ours | b1: outcome-only trajectory GRPO (= plain GRPO); b2: action-based step reward with turn-level credit; ours; traj_agg: ours' rewards summed per trajectory |
-| awm_credit_lambda | 0.5 | progress weight lambda |
-| awm_credit_beta | 0.05 | verification bonus beta (0 = no bonus, ablation V1) |
-| awm_credit_gamma_v | 1.0 | weight of the verification bonus |
-| awm_credit_eta | 0.95 | turn discount eta |
-| awm_credit_progress_form | difference | difference (write-gated) or potential (eta Phi_t - Phi_{t-1}) |
-| awm_credit_estimator | carry | carry (+ leave-one-out) or naive (per-index pools, biased; for comparison) |
-| awm_credit_baseline / _scale | loo / none | carry estimator's baseline (loo, mean) and scale (none, group_std) |
-| awm_credit_binary_only | false | scalar predicates count only when met exactly (ablation S1) |
+| key | meaning |
+|---|---|
+| awm_credit_method | b1: outcome-only trajectory GRPO (= plain GRPO); b2: action-based step reward with turn-level credit; ours; traj_agg: ours' rewards summed per trajectory |
+| awm_credit_lambda | progress weight lambda |
+| awm_credit_beta | verification bonus beta (0 = no bonus, ablation V1) |
+| awm_credit_gamma_v | weight of the verification bonus |
+| awm_credit_eta | turn discount eta |
+| awm_credit_progress_form | difference (write-gated) or potential (eta Phi_t - Phi_{t-1}) |
+| awm_credit_estimator | carry (+ leave-one-out) or naive (per-index pools, biased; for comparison) |
+| awm_credit_baseline / _scale | carry estimator's baseline (loo, mean) and scale (none, group_std) |
+| awm_credit_binary_only | scalar predicates count only when met exactly (ablation S1) |
 
 b1 and traj_agg return one number per sample (slime spreads it over the response); the others one
 value per response token. Infrastructure failures (FAILED, ABORTED, `remove_sample`) get 0 and stay
@@ -43,17 +43,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from awm_grpo.recovery.credit import (
     CreditConfig,
     EpisodeSignals,
+    TurnValues,
     episode_rewards,
     group_turn_advantages,
-    to_token_advantages,
     trajectory_advantages,
 )
 from awm_grpo.recovery.metrics import EpisodeRecord, TableChange, TurnRecord, flat_metrics, recovery_metrics
 from awm_grpo.reward import outcome
+from slime.algorithms.advantages import spread_turn_values
 from slime.utils.types import Sample
 
 METHODS = ("b1", "b2", "ours", "traj_agg")
@@ -107,6 +109,21 @@ def signals(args: argparse.Namespace, sample: Sample, cfg: CreditConfig, binary_
     fmt = [t == first for t in range(len(credit["fmt"]))]
     return EpisodeSignals([float(phi0), *map(float, phis)], list(credit["write"]), list(credit["error"]),
                           list(credit["rel_read"]), fmt, r_out, list(credit["ok"]), list(credit["rel_tool"]))
+
+
+def pad_turns(values: TurnValues, num_turns: int | None = None) -> Tensor:
+    """[B, K] float tensor of per-turn values, zero-padded past each rollout's last turn."""
+    K = num_turns or max((len(v) for v in values), default=1) or 1
+    out = torch.zeros(len(values), K)
+    for i, v in enumerate(values):
+        if v:
+            out[i, : len(v)] = torch.tensor(v[:K], dtype=out.dtype)
+    return out
+
+
+def to_token_advantages(values: TurnValues, turn_ids: Tensor, loss_mask: Tensor) -> Tensor:
+    """Per-token advantages [B, T]: turn t's advantage on the model tokens of turn t (turn id t-1)."""
+    return spread_turn_values(pad_turns(values), turn_ids, loss_mask)
 
 
 def _spread(sample: Sample, values: list[float]) -> list[float]:

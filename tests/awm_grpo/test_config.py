@@ -471,3 +471,27 @@ def test_the_knob_reference_in_docs_is_the_generated_table(capsys):
     assert all(f"`{k.env}`" in table for k in KNOBS)
     docs = Path(__file__).resolve().parents[2] / "docs" / "knobs.md"
     assert docs.read_text(encoding="utf-8") == table, "regenerate: bash awm_grpo/run_awm_grpo.sh --knobs > docs/knobs.md"
+
+
+def test_config_yaml_is_generated_from_the_knobs_and_resolves_to_the_profile_defaults(capsys, tmp_path):
+    """awm_grpo/config.yaml's comments state the defaults of knobs.py, never a hand-kept copy: every knob is
+    there as `auto`, its comment names its variable and the defaults; the file resolves to exactly what no
+    file resolves to."""
+    from awm_grpo.launch.config import DEFAULT_CONFIG, config_template, load_file, resolve
+    from awm_grpo.launch.job import main
+    from awm_grpo.launch.knobs import KNOBS
+
+    text = config_template()
+    assert main(["--config-template"]) == 0 and capsys.readouterr().out == text
+    assert DEFAULT_CONFIG.read_text(encoding="utf-8") == text, \
+        "regenerate: bash awm_grpo/run_awm_grpo.sh --config-template > awm_grpo/config.yaml"
+    values = load_file(DEFAULT_CONFIG)
+    assert set(values) == {k.key for k in KNOBS} and {v for v, _ in values.values()} == {"auto"}
+    for knob in KNOBS:
+        assert f"# {knob.env}" in text
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("paths: {}\n")
+    for profile in ("cpu", "h100"):
+        with_file = resolve(DEFAULT_CONFIG, sets={"hardware.profile": profile}, env={}, gpus=[])
+        without = resolve(empty, sets={"hardware.profile": profile}, env={}, gpus=[])
+        assert with_file.values == without.values and with_file.sources == without.sources

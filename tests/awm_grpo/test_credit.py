@@ -19,11 +19,11 @@ from awm_grpo.recovery.credit import (
     potential,
     progress_rewards,
     returns_to_go,
-    to_token_advantages,
     trajectory_advantages,
     turn_rewards,
     verify_bonus,
 )
+from awm_grpo.recovery.plugin import to_token_advantages
 from slime.algorithms.advantages import grpo_advantages
 
 
