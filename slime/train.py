@@ -55,7 +55,7 @@ from slime.rollout.sglang_rollout import eval_metrics, eval_prompts, generate_ro
 from slime.utils.http_utils import close_shared_client
 from slime.utils.log_hooks import call_log_hook
 from slime.utils.metrics import MetricsWriter, TensorBoardWriter
-from slime.utils.misc import load_function
+from slime.utils.plugins import load_function
 from slime.utils.types import Sample
 
 __all__ = ["MetricsWriter", "Run", "StepBatch", "TensorBoardWriter", "build_train_batch", "main"]

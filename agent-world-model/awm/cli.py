@@ -304,8 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from awm.gen.cli import add_gen_parser
     add_gen_parser(sub)
-    for name, module, what in (("predicates", "awm.predicates", "build / report task predicates (recovery method)"),
-                               ("semantics", "awm.semantics", "label tools read/create/update/delete from code")):
+    for name, module, what in (("predicates", "awm.predicates.build", "build / report task predicates (recovery method)"),
+                               ("semantics", "awm.predicates.tool_labels", "label tools read/create/update/delete from code")):
         sp = sub.add_parser(name, help=f"{what}; `awm {name} -h` for more", add_help=False, prefix_chars="+")
         sp.add_argument("rest", nargs=argparse.REMAINDER)
         sp.set_defaults(func=lambda a, m=module: __import__(m, fromlist=["main"]).main(a.rest))

@@ -41,7 +41,7 @@ TurnValues = list[list[float]]
 def potential(values: list[float], kinds: list[str] | None = None, *, binary_only: bool = False) -> float:
     """Phi(s) = mean_i phi_i(s); with `binary_only` a scalar predicate counts 1 only when met exactly.
 
-    values: phi_i(s) in [0, 1] (from `awm.predicate_set.evaluate`); kinds: "binary" / "scalar" per value.
+    values: phi_i(s) in [0, 1] (from `awm.predicates.predicate.evaluate`); kinds: "binary" / "scalar" per value.
     """
     if not values:
         return 0.0

@@ -11,7 +11,7 @@ value. It also records which rows each tool turn inserted / updated / deleted (p
 content fingerprints, for the duplicate-effect and contradictory-update metrics) and, at the end,
 the preservation predicates' values (irreversible damage).
 
-Write labels (`awm.semantics.label_tools`, from the handler code) gate the progress reward; a read is
+Write labels (`awm.predicates.tool_labels.label_tools`, from the handler code) gate the progress reward; a read is
 "task-relevant" when the tables its handler touches meet the tables of the task's predicates.
 Only the in-process transport exposes the episode DB; MCP episodes are refused at config time.
 """
@@ -26,19 +26,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from awm.predicate_set import Predicate, TaskPredicates, evaluate
-from awm.semantics import handler_tables, label_tools, sql_tables
+from awm.predicates.predicate import Predicate, TaskPredicates, evaluate
+from awm.predicates.tool_labels import handler_tables, label_tools, sql_tables
 
 
 @lru_cache(maxsize=8)
 def load_predicates(path: str) -> dict[tuple[str, int], TaskPredicates]:
     """The predicates file as {(scenario, task_idx): TaskPredicates}, read and validated once per process."""
-    from awm.predicates import read_jsonl
+    from awm.predicates.build import read_predicates
 
     if not Path(path).exists():
         raise FileNotFoundError(f"awm_predicates {path} does not exist: build it with "
                                 "`python -m awm.predicates build --out PATH`")
-    return {(r.scenario, r.task_idx): r for r in read_jsonl(path)}
+    return {(r.scenario, r.task_idx): r for r in read_predicates(path)}
 
 
 def predicate_tables(preds: list[Predicate]) -> frozenset[str]:

@@ -73,7 +73,7 @@ async def _handover(runtime: Any, tracker_args: tuple, scenario: str, idx: int, 
     damage already succeeds ("complete") or a repair is needed ("others").
     """
     from awm.database import backup
-    from awm.predicate_set import evaluate as evaluate_predicates
+    from awm.predicates.predicate import evaluate as evaluate_predicates
 
     from awm_grpo.recovery.progress import open_tracker
 
@@ -129,8 +129,8 @@ async def build(out: Path, *, data_dir: str | None, predicates: str | None, scen
                 tool_mode: str, weak_traces: list[str], max_per_task: int, max_chars: int) -> dict[str, Any]:
     """Write the split to `out` (module docstring); returns the manifest."""
     from awm.episode import EnvRuntime
-    from awm.predicates import build as build_predicates
-    from awm.predicates import write_jsonl
+    from awm.predicates.build import build as build_predicates
+    from awm.predicates.build import write_predicates
     from awm.solutions import load_solutions
 
     from awm_grpo.recovery.progress import load_predicates, tool_semantics
@@ -143,7 +143,7 @@ async def build(out: Path, *, data_dir: str | None, predicates: str | None, scen
         if predicates:
             shutil.copyfile(predicates, pred_path)
         else:
-            write_jsonl(await build_predicates(data_dir, scenarios=scenarios, runtime=runtime), pred_path)
+            write_predicates(await build_predicates(data_dir, scenarios=scenarios, runtime=runtime), pred_path)
         tasks = load_predicates(str(pred_path.resolve()))
         solutions = load_solutions(data_dir) if not weak_traces else {}
         jobs: list[tuple[str, int, str, list[dict[str, Any]], Any]] = []

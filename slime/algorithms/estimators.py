@@ -42,7 +42,7 @@ from slime.algorithms.advantages import (
     to_token_advantages,
     token_rewards,
 )
-from slime.utils.misc import load_function
+from slime.utils.plugins import load_function
 from slime.utils.types import Sample
 
 Advantages = list[float | list[float]]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime.utils.misc import load_function
+from slime.utils.plugins import load_function
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)

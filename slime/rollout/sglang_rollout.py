@@ -33,7 +33,7 @@ from slime.rollout.data_source import Prompt, RolloutDataSource, load_prompts
 from slime.rollout.filter_hub.base_types import DynamicFilterOutput
 from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.utils.http_utils import post
-from slime.utils.misc import load_function
+from slime.utils.plugins import load_function
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)

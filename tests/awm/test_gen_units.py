@@ -18,7 +18,7 @@ from awm.gen.execution import check_env, check_verifier
 from awm.gen.records import JsonlWriter, read_records, record_key, repair_tail
 from awm.gen.replies import ReplyError, parse_json, parse_python
 from awm.gen.runner import run_stages
-from awm.gen.scenarios import cosine
+from awm.gen.scenario_stage import cosine
 from awm.llm import ChatClient, LLMError
 from awm.tools import ToolSpec
 from awm.verifier import VerifierSandbox

@@ -11,11 +11,19 @@ from pathlib import Path
 import pytest
 from awm.episode import EnvRuntime
 from awm.llm import ChatClient
-from awm.predicate_set import Predicate, PredicateError, evaluate, extract, phi_of_rows, rows_digest, validate
-from awm.predicates import build, coverage, main, read_jsonl, write_jsonl
+from awm.predicates.build import build, coverage, main, read_predicates, write_predicates
+from awm.predicates.predicate import (
+    Predicate,
+    PredicateError,
+    evaluate,
+    extract,
+    phi_of_rows,
+    rows_digest,
+    validate,
+)
+from awm.predicates.verifier_analysis import analyse, required_count, traced_run
 from awm.solutions import load_solutions
 from awm.verifier import VerifierSandbox
-from awm.verifier_analysis import analyse, required_count, traced_run
 from fake_llm import FakeOpenAI
 
 VERIFIER = '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
@@ -193,8 +201,8 @@ def test_llm_predicates_pass_through_validation(bundled_records):
 
 def test_jsonl_round_trip_and_coverage(bundled_records, tmp_path, capsys):
     path = tmp_path / "p.jsonl"
-    write_jsonl(bundled_records, path)
-    again = read_jsonl(path)
+    write_predicates(bundled_records, path)
+    again = read_predicates(path)
     assert [x.to_dict() for x in again] == [x.to_dict() for x in bundled_records]
     cov = coverage(again)
     n_mut = sum(r.task_type == "state_mutating" for r in again)
@@ -207,7 +215,7 @@ def test_jsonl_round_trip_and_coverage(bundled_records, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["progress_predicates"] == cov["progress_predicates"]
     path.write_text('{"scenario": "x", "task_idx": 0, "predicates": [{"id": "c1", "sql": "S", "check": "?"}]}\n')
     with pytest.raises(PredicateError, match="p.jsonl:1"):
-        read_jsonl(path)
+        read_predicates(path)
 
 
 def test_excerpt_is_reported_unreplayed(excerpt_dir, cache_dir):

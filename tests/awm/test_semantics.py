@@ -7,7 +7,7 @@ import json
 
 from awm.data import AWMDataset, bundled_data_dir
 from awm.episode import EnvRuntime
-from awm.semantics import label_tools, main, probe_labels, task_type
+from awm.predicates.tool_labels import label_tools, main, probe_labels, task_type
 from awm.solutions import load_probes, load_solutions
 
 # Names lie on purpose: `get_orders` deletes, `delete_view` only reads, `list_settings` creates lazily.

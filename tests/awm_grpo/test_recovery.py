@@ -34,10 +34,10 @@ def call(tool: str, **arguments) -> str:
 
 @pytest.fixture(scope="module")
 def predicates(tmp_path_factory):
-    from awm.predicates import build, write_jsonl
+    from awm.predicates.build import build, write_predicates
 
     path = tmp_path_factory.mktemp("preds") / "predicates.jsonl"
-    write_jsonl(asyncio.run(build(None, scenarios=[SCENARIO])), path)
+    write_predicates(asyncio.run(build(None, scenarios=[SCENARIO])), path)
     return str(path)
 
 

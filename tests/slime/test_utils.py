@@ -15,7 +15,8 @@ import pytest
 
 from slime.utils import http_utils
 from slime.utils.http_utils import HTTPRequestError, get, post
-from slime.utils.misc import PluginLoadError, free_port, load_function
+from slime.utils.plugins import PluginLoadError, load_function
+from slime.utils.ports import free_port
 
 FAST = 0.01  # retry delay in tests
 

@@ -5,7 +5,7 @@ model, validates the reply, and on failure asks again with the failed checks add
 prompt, up to `retries` more times; then it writes a reject with every attempt's reasons.
 An unreachable endpoint (after the client's own HTTP retries) is not a verdict on the record:
 the job is left unfinished, counted, and the next run picks it up. The stages (awm.gen.stages,
-awm.gen.scenarios) build jobs; awm.gen.runner runs the stages in order.
+awm.gen.scenario_stage) build jobs; awm.gen.runner runs the stages in order.
 """
 
 from __future__ import annotations

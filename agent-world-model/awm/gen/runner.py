@@ -1,7 +1,7 @@
 """Runs the pipeline's stages in order against one output directory, and the run summary.
 
 The retry loop of one job and what a stage's jobs share are in awm.gen.jobs; the stages that
-build the jobs in awm.gen.stages and awm.gen.scenarios.
+build the jobs in awm.gen.stages and awm.gen.scenario_stage.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from awm.gen.config import STAGE_ORDER, SUMMARY_FILE, GenConfig
 from awm.gen.jobs import StageRun, StageStats
-from awm.gen.scenarios import run_scenario_stage
+from awm.gen.scenario_stage import run_scenario_stage
 from awm.gen.stages import STAGE_JOBS
 from awm.llm import ChatClient
 from awm.verifier import VerifierSandbox

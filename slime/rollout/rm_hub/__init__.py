@@ -8,7 +8,7 @@ import argparse
 import inspect
 from typing import Any
 
-from slime.utils.misc import load_function
+from slime.utils.plugins import load_function
 from slime.utils.types import Sample
 
 

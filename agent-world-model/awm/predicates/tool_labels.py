@@ -274,7 +274,7 @@ def task_type(n_progress: int, reference_changed_db: bool | None, *, reads_final
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m awm.semantics", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="awm semantics", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     sp = sub.add_parser("tools", help="label every tool of each scenario from its environment code")
     sp.add_argument("--data-dir", help="AWM-1K data directory (default: the bundled scenarios)")

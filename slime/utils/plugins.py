@@ -1,16 +1,13 @@
-"""Two small helpers every part of slime shares.
+"""Plugins: turn a dotted plugin path from a flag into the object it names.
 
-- `load_function`: turn a dotted plugin path from a flag into the object it names. Every plugin flag
-  (`--custom-generate-function-path rollout.generate`, ...) goes through here, so the error for a bad
-  path is written once and names the path and the flag-level fix.
-- `free_port`: a TCP port free right now, for rendezvous addresses and servers that need a number.
+Every plugin flag (`--custom-generate-function-path rollout.generate`, ...) goes through
+`load_function`, so the error for a bad path is written once and names the path and the flag-level fix.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import socket
 from typing import Any
 
 
@@ -51,14 +48,3 @@ def load_function(path: str) -> Any:
             f"cannot load plugin {path!r}: module {module_name!r} ({module.__file__}) has no attribute "
             f"{attr!r}; check the spelling of the name after the last dot"
         ) from None
-
-
-def free_port(host: str = "") -> int:
-    """A TCP port on `host` ("" = every interface) that is free right now.
-
-    For the places that must name a port rather than bind port 0 themselves: torch.distributed
-    rendezvous addresses and SGLang servers. Another process may take it before it is used, which is
-    why callers bind it soon after."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]

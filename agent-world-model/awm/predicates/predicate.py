@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from awm.verifier_analysis import StaticInfo, required_count, variables_of
+from awm.predicates.verifier_analysis import StaticInfo, required_count, variables_of
 
 CHECKS = {"exists", "not_exists", "count_eq", "count_gte", "value_eq", "rows_equal", "distance"}
 ROLES = {"progress", "preservation"}

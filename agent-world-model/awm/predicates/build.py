@@ -1,11 +1,11 @@
 """Build and report the executable intermediate predicates of every task (recovery-method section 2).
 
-    python -m awm.predicates build [--data-dir D] --out predicates.jsonl [--llm]
-    python -m awm.predicates coverage predicates.jsonl
+    awm predicates build [--data-dir D] --out predicates.jsonl [--llm]      (or python -m awm.predicates)
+    awm predicates coverage predicates.jsonl
 
-Per task: the verifier's source is analysed (`awm.verifier_analysis.analyse`), the verifier runs
+Per task: the verifier's source is analysed (`awm.predicates.verifier_analysis.analyse`), the verifier runs
 traced in the sandbox on (s0, reference final state), its final-DB statements become candidates
-(`awm.predicate_set.extract`), and candidates are kept only when executable on s0 and met on two
+(`awm.predicates.predicate.extract`), and candidates are kept only when executable on s0 and met on two
 independent replays of the reference solution (run at different times, so clock-dependent values
 are caught). Candidates met on s0 are kept apart as preservation predicates. Where no reference
 solution exists (AWM-1K proper, the excerpt), the verifier is traced on (s0, s0) and only the
@@ -34,10 +34,18 @@ import json_repair
 from awm.data import AWMDataset, bundled_data_dir
 from awm.database import backup, state_hash
 from awm.episode import EnvRuntime
-from awm.predicate_set import Predicate, PredicateError, TaskPredicates, evaluate, extract, phi, validate
-from awm.semantics import task_type
+from awm.predicates.predicate import (
+    Predicate,
+    PredicateError,
+    TaskPredicates,
+    evaluate,
+    extract,
+    phi,
+    validate,
+)
+from awm.predicates.tool_labels import task_type
+from awm.predicates.verifier_analysis import analyse, traced_run
 from awm.solutions import Solution, load_solutions, replay
-from awm.verifier_analysis import analyse, traced_run
 
 log = logging.getLogger(__name__)
 MIN_REPLAY_GAP_S = 1.1  # replays A and B at least this far apart: second-resolution clocks differ
@@ -214,13 +222,13 @@ async def build(data_dir: str | None, *, scenarios: list[str] | None = None, llm
             runtime.close()
 
 
-def write_jsonl(records: list[TaskPredicates], path: str | Path) -> None:
+def write_predicates(records: list[TaskPredicates], path: str | Path) -> None:
     tmp = Path(str(path) + ".tmp")
     tmp.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records), encoding="utf-8")
     tmp.replace(path)
 
 
-def read_jsonl(path: str | Path) -> list[TaskPredicates]:
+def read_predicates(path: str | Path) -> list[TaskPredicates]:
     """Load and validate a predicates file (schema errors raise PredicateError with the line)."""
     out = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
@@ -233,7 +241,7 @@ def read_jsonl(path: str | Path) -> list[TaskPredicates]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m awm.predicates", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="awm predicates", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     sp = sub.add_parser("build", help="extract, validate and write predicates (JSONL) and print coverage")
     sp.add_argument("--data-dir", help="AWM-1K data directory (default: the bundled scenarios)")
@@ -245,14 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.action == "coverage":
-        print(json.dumps(coverage(read_jsonl(args.predicates)), indent=1))
+        print(json.dumps(coverage(read_predicates(args.predicates)), indent=1))
         return 0
     llm = None
     if args.llm:
         from awm.llm import ChatClient
         llm = ChatClient(max_concurrency=4)
     records = asyncio.run(build(args.data_dir, scenarios=args.scenario, llm=llm))
-    write_jsonl(records, args.out)
+    write_predicates(records, args.out)
     print(json.dumps(coverage(records), indent=1))
     return 0
 
