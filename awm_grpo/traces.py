@@ -163,7 +163,7 @@ def log_eval(rollout_id: int, args: argparse.Namespace, data: dict[str, Any], ex
 
 
 def _recovery(args: argparse.Namespace, records: Sequence[dict[str, Any]], prefix: str) -> dict[str, float]:
-    """Recovery metrics (recovery-method section 8), all and per task type; progress ones need awm_predicates."""
+    """Recovery metrics (docs/recovery-method.md, Metrics), all and per task type; progress ones need awm_predicates."""
     from awm_grpo.recovery.plugin import trace_metrics
 
     return trace_metrics(records, prefix, int(getattr(args, "awm_max_turns", None) or 15))

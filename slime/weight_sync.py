@@ -3,7 +3,7 @@
     sync = DiskWeightSync("/ckpt/weights")     # or TensorWeightSync(mode="ipc" | "nccl") on GPU
     version = sync.sync(trainer, engines, version=step)
 
-Every `sync` brackets the transfer the same way (slime-contracts.md section 6): pause generation,
+Every `sync` brackets the transfer the same way (docs/trainer.md, slime's contracts): pause generation,
 flush the prefix cache (fails if requests still run: drain or abort them first), transfer, continue.
 `engines` are `RolloutEngine`s; a `Router` counts as one engine for the disk path (it fans the update
 out and reloads engines that rejoin later), while the tensor paths need each engine's own URL.

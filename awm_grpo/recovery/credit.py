@@ -181,7 +181,7 @@ class EpisodeSignals:
 
 @dataclass(frozen=True)
 class CreditConfig:
-    """Method and ablation switches (recovery-method sections 6 and 9)."""
+    """Method and ablation switches (docs/recovery-method.md, Baselines and ablations; Defaults)."""
 
     method: Literal["ours", "b1", "b2", "traj_agg"] = "ours"
     lam: float = 0.5

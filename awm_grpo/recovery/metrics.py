@@ -1,4 +1,4 @@
-"""Recovery metrics of recovery-method.md section 8, from a small explicit per-episode record.
+"""Recovery metrics (docs/recovery-method.md, Metrics), from a small explicit per-episode record.
 
 The rollout maps its traces onto `EpisodeRecord` / `TurnRecord`; `recovery_metrics` returns every
 metric for all episodes and per task type. Definitions (P = proposed where the plan gives none):

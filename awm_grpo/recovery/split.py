@@ -4,7 +4,7 @@
     python -m awm_grpo.recovery.split evaluate --split DIR --model CKPT [--seeds 0 1 2] [--temperature 0.7]
     python -m awm_grpo.recovery.split evaluate --split DIR --engine-url http://127.0.0.1:30000 --model TOKENIZER
 
-Build (recovery-method section 8): for every state-mutating task (per the predicates file) with a
+Build (docs/recovery-method.md, Metrics): for every state-mutating task (per the predicates file) with a
 reference solution, a damaged intermediate state is
 
     source "wrong_write":  the reference solution's calls up to its first write (the reads a correct

@@ -1,4 +1,4 @@
-"""Rollout engines: servers that speak SGLang's HTTP subset (slime-contracts.md section 5).
+"""Rollout engines: servers that speak SGLang's HTTP subset (docs/trainer.md, slime's contracts).
 
 `RolloutEngine` is the control surface the trainer uses on any engine: it talks HTTP to `url`, so an
 engine only has to say how it starts and stops. `cpu_server.CPUEngine` runs a transformers model on

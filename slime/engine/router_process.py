@@ -1,6 +1,6 @@
 """A router in front of the run's engines, as its own process: ours (`slime`) or sglang_router (`sglang`).
 
-Both speak the same membership API (slime-contracts.md section 5): `POST /workers {"url",
+Both speak the same membership API (docs/trainer.md, slime's contracts): `POST /workers {"url",
 "worker_type"}`, `GET /workers -> {"workers": [{"id", "url", ...}]}`, `DELETE /workers/{id}`, and
 proxy `/generate`. So one class starts either and registers engines the same way:
 

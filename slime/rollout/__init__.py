@@ -1,4 +1,4 @@
-"""slime's rollout package, laid out as slime's import paths (slime-contracts.md section 1):
+"""slime's rollout package, laid out as slime's import paths (docs/trainer.md, slime's contracts):
 
 - `slime.rollout.sglang_rollout`: `GenerateState`, `generate`, `generate_and_rm`,
   `generate_and_rm_group`, `generate_rollout` (the default rollout function), `get_model_url`

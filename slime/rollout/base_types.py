@@ -1,4 +1,4 @@
-"""What a rollout function returns (`--rollout-function-path`, slime-contracts.md section 3).
+"""What a rollout function returns (`--rollout-function-path`; docs/trainer.md, slime's contracts).
 
 `fn(args, rollout_id, data_source, evaluation=False)` returns `RolloutFnTrainOutput` (train) or
 `RolloutFnEvalOutput` (evaluation). Legacy functions return the bare payload instead: a list of

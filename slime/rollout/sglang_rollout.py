@@ -1,6 +1,6 @@
 """Default single-turn rollout: prompts -> engine `/generate` -> reward -> dynamic filter -> groups.
 
-Plugin contracts (slime's, slime-contracts.md section 3):
+Plugin contracts (slime's; docs/trainer.md, slime's contracts):
 
 - rollout function: `generate_rollout(args, rollout_id, data_source, evaluation=False)` is the default
   `--rollout-function-path`; it returns `RolloutFnTrainOutput` (or `RolloutFnEvalOutput`).

@@ -1,7 +1,7 @@
 """`Sample`: one prompt and its response as it travels rollout -> reward -> trainer.
 
 Field names, defaults and `Sample.Status` keep slime's public contract so that users' generate and
-reward plugins run unchanged (shared/reference/slime-contracts.md, section 2). The trainer only ever
+reward plugins run unchanged (docs/trainer.md, slime's contracts). The trainer only ever
 learns from `tokens[-response_length:]` weighted by `loss_mask`, so the per-token lists must stay
 aligned with `response_length`; `append_response_tokens` and `validate` exist to keep them so.
 """

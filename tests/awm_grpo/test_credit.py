@@ -86,7 +86,7 @@ def test_returns_to_go_hand_values():
     assert approx(returns_to_go([1.0, 0.0, 2.0], 0.5), [1.5, 1.0, 2.0])
 
 
-# ---- the worked example of recovery-method section 4 ---------------------------------------------
+# ---- worked example: A dips and repairs, B runs clean (docs/recovery-method.md, Credit) ----------
 def _worked_example():
     rA = turn_rewards(progress_rewards([0, 0.5, 0, 1], [True] * 3), [0.0] * 3, [False] * 3, 1.0, lam=1.0)
     rB = turn_rewards(progress_rewards([0, 0.5, 1], [True] * 2), [0.0] * 2, [False] * 2, 1.0, lam=1.0)

@@ -1,4 +1,4 @@
-"""slime's rollout import paths and plugin signatures (slime-contracts.md sections 1, 3, 4), and the
+"""slime's rollout import paths and plugin signatures (docs/trainer.md, slime's contracts), and the
 behaviour of the pieces plugins call: pop_first, the sample buffer, call_rollout_fn, the filters."""
 
 from __future__ import annotations

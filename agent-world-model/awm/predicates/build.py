@@ -1,4 +1,4 @@
-"""Build and report the executable intermediate predicates of every task (recovery-method section 2).
+"""Build and report the executable intermediate predicates of every task (docs/recovery-method.md, Predicates).
 
     awm predicates build [--data-dir D] --out predicates.jsonl [--llm]      (or python -m awm.predicates)
     awm predicates coverage predicates.jsonl

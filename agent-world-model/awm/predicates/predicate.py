@@ -67,7 +67,7 @@ class Predicate:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Predicate:
-        """Validate and build; rejects instead of guessing (recovery-method section 2)."""
+        """Validate and build; rejects instead of guessing (docs/recovery-method.md, Predicates)."""
         for key in ("id", "sql", "check"):
             if not isinstance(d.get(key), str) or not d[key]:
                 raise PredicateError(f"predicate field {key!r} must be a non-empty string, got {d.get(key)!r}")
