@@ -7,7 +7,7 @@ progress potential after k turns (Phi_0 on the initial DB). Lists are 0-based: `
     R_prog(t)   = Phi_t - Phi_{t-1}        after a write turn, else 0           ("difference")
                 = eta Phi_t - Phi_{t-1}    on every turn                        ("potential")
     R_verify(t) = beta  iff (error at t-1 or R_prog(t-1) < 0) and turn t is a task-relevant read
-    R_fmt(t)    = -1 on an invalid format / call (the rollout then terminates)
+    R_fmt(t)    = -1 on the first invalid format / call (the episode ends there only with awm_terminate_on_invalid_call)
     r(t)        = lambda R_prog(t) + gamma_v R_verify(t) + R_fmt(t) + 1[t = T] R_out
     G_t         = sum_{u >= t} eta^(u-t) r(u)
 
