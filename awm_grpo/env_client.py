@@ -164,15 +164,22 @@ class InProcessEnv:
 # ---- MCP over HTTP -------------------------------------------------------------------------------
 
 _NEXT_URL = itertools.count()
-_HTTP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HttpPool] = weakref.WeakKeyDictionary()
+_HTTP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[HttpPool]] = weakref.WeakKeyDictionary()
 
 
 def _http() -> HttpPool:
-    """The running loop's pool of keep-alive connections, shared by its episodes (streams are loop-bound)."""
+    """The running loop's pool of keep-alive connections, shared by the episodes that hold it.
+
+    Held weakly on both sides: the pool lives while some episode of the loop does (so concurrent
+    episodes share connections) and closes its idle connections when the last one is gone, and a
+    finished loop is not kept alive by connections that point back at it.
+    """
     loop = asyncio.get_running_loop()
-    pool = _HTTP.get(loop)
+    ref = _HTTP.get(loop)
+    pool = ref() if ref is not None else None
     if pool is None:
-        pool = _HTTP[loop] = HttpPool()
+        pool = HttpPool()
+        _HTTP[loop] = weakref.ref(pool)
     return pool
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -53,7 +54,7 @@ class Origin:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
 
-    @property
+    @functools.cached_property
     def host_header(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = 443 if self.scheme == "https" else 80
@@ -220,6 +221,10 @@ class HttpPool:
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # a closed loop cannot close transports: they close when collected
+            self.close()
 
 
 class _ClosedBeforeReply(Exception):

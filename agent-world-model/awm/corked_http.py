@@ -1,11 +1,11 @@
 """uvicorn's h11 protocol with the writes of one event-loop turn sent as one: one send() per reply.
 
 uvicorn writes a reply's status line and headers, then its body, as two `transport.write` calls:
-two send() syscalls on the socket and two wake-ups of the client. On loopback the kernel does the
-receiver's work inside the sender's syscall, and on the 2-core machine these two sends were the
-largest single cost of the MCP server's main process (about 30% of its samples under py-spy while
-serving 16 episodes). Holding the bytes until the end of the current loop turn (`call_soon`) puts
-headers and body, written in the same turn, into one send(); nothing waits longer than that turn.
+two send() syscalls and two wake-ups of the client per reply. Holding the bytes until the end of
+the current loop turn (`call_soon`) puts head and body, written in the same turn, into one send();
+nothing waits longer than that turn. Measured on the shared 2-core machine (16 keep-alive clients
+on /health, three alternating rounds): server CPU per request 0.13-0.18 ms -> 0.11-0.13 ms (system
+time 0.02-0.03 -> 0.006-0.009 ms), and in every round more requests per second.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ class Scripted:
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+        try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = [int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.startswith(b"content-length")]
@@ -36,7 +36,10 @@ class Scripted:
                 await writer.drain()
                 if self.close_after_reply or raw.startswith(b"HTTP/1.0"):  # 1.0: the body ends with the connection
                     break
-        writer.close()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
 
 
 @contextlib.asynccontextmanager
@@ -122,7 +125,10 @@ def test_a_reused_connection_the_server_closed_is_retried_once_a_fresh_one_never
 
 def test_deadlines_refusals_and_garbage_are_http_errors() -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(10)
+        try:
+            await asyncio.sleep(10)
+        finally:
+            writer.close()
 
     async def story() -> list[str]:
         pool = HttpPool()
