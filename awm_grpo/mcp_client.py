@@ -125,7 +125,12 @@ class McpSession:
                         raise McpError(f"{method} at {self.url}: the event stream ended without a reply")
                 else:
                     body = await reply.read()
-                    answer = _parse(body, method, self.url)
+                    try:
+                        answer = _parse(body, method, self.url)
+                    except McpError:
+                        if reply.status < 400:
+                            raise
+                        answer = {}
                     if reply.status >= 400 and not isinstance(answer.get("error"), dict):
                         raise McpError(f"{method} at {self.url}: HTTP {reply.status}: {body[:300]!r}", reply.status)
         except TimeoutError:
@@ -192,7 +197,7 @@ async def _reply_in_events(chunks: AsyncIterator[bytes], request_id: int) -> dic
     SSE framing: events end at a blank line; `data:` lines (one leading space dropped) join with
     newlines; `event:`, `id:`, `retry:` and `:` comment lines carry nothing needed here.
     """
-    decoder = codecs.getincrementaldecoder("utf-8")()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # as the SSE spec decodes
     buffer, data = "", []
     async for chunk in chunks:
         buffer += decoder.decode(chunk)

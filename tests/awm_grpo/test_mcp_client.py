@@ -197,10 +197,15 @@ def test_json_rpc_errors_are_errors_not_results(server: Served) -> None:
                 await session.request(method, params)
             errors.append(caught.value)
         await session.close()
+        with pytest.raises(McpRpcError) as caught:  # refused before any session exists: HTTP 404 + JSON-RPC error
+            await McpSession(pool, f"{server.url}/no_such_scenario").open()
+        errors.append(caught.value)
         pool.close()
         return errors
 
-    unknown, bad_params = asyncio.run(story())
+    unknown, bad_params, no_scenario = asyncio.run(story())
+    assert (no_scenario.status, no_scenario.code) == (404, mcp_types.jsonrpc.INVALID_REQUEST)
+    assert "not served here" in no_scenario.message
     assert unknown.code == mcp_types.jsonrpc.METHOD_NOT_FOUND and "bogus/method" in str(unknown)
     assert bad_params.code == mcp_types.jsonrpc.INVALID_PARAMS
     for error in (unknown, bad_params):
