@@ -62,7 +62,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from awm.corked_http import CorkedH11Protocol
+from awm.corked_http import CorkedHttpProtocol
 from awm.data import normalize_scenario_name
 from awm.episode import EnvRuntime, Episode, Snapshot, remove_stale_episode_dirs
 from awm.pool import InfraError
@@ -542,7 +542,7 @@ async def serve(runtime: EnvRuntime, scenario: str, *, host: str = "127.0.0.1", 
     app = build_app(runtime, scenarios, scenario, allowed_hosts=LOOPBACK_HOST_HEADERS if loopback else None,
                     session_idle_timeout_s=session_idle_timeout_s, max_sessions=max_sessions, token=token)
     # One send() per reply (awm.corked_http); no proxy headers: nothing here reads client addresses.
-    server = _Uvicorn(uvicorn.Config(app, host=host, port=port, loop="asyncio", http=CorkedH11Protocol,
+    server = _Uvicorn(uvicorn.Config(app, host=host, port=port, loop="asyncio", http=CorkedHttpProtocol,
                                      proxy_headers=False, log_level="warning", access_log=False, lifespan="on",
                                      timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
     serving = asyncio.ensure_future(server.serve())
