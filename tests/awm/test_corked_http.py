@@ -1,9 +1,9 @@
 """awm.corked_http: the MCP server sends each reply, head and body, in one send().
 
 Read on a raw socket: a reply sent in one send() of a few KB is in the receive buffer whole when
-the first recv() returns, so each recv() below must hold a complete reply (with uvicorn's plain h11
-protocol the head alone often arrives first). A `Connection: close` reply must still go out whole
-before the connection closes.
+the first recv() returns, so each recv() below must hold a complete reply (with uvicorn's own
+protocols, h11 or httptools, the head alone often arrives first). A `Connection: close` reply
+must still go out whole before the connection closes.
 """
 
 from __future__ import annotations
