@@ -214,6 +214,11 @@ class HttpPool:
         conn.idle_since = time.monotonic()
         idle.append(conn)
 
+    @property
+    def idle(self) -> int:
+        """Idle connections kept for reuse, all origins together."""
+        return sum(len(conns) for conns in self._idle.values())
+
     def close(self) -> None:
         """Close every idle connection; connections in use close when their request ends."""
         self.closed = True

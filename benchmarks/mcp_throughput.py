@@ -1,7 +1,7 @@
 """MCP transport benchmark: an `awm env start` server driven by the rollout's client and by the official one.
 
     .venv/bin/python benchmarks/mcp_throughput.py                 # content_platform_1 of ../shared/awm_1k_excerpt
-    .venv/bin/python benchmarks/mcp_throughput.py --seconds 10 --episodes 16 --workers 2
+    .venv/bin/python benchmarks/mcp_throughput.py --seconds 10 --episodes 16 --workers 2 --rounds 2
 
 Starts the server as a real process on 127.0.0.1 (`python -m awm.cli env start`), then, for each
 client (the rollout's `McpEnv` via `open_env(transport="mcp")`, and the official `mcp` client on
@@ -188,11 +188,15 @@ async def main(args: argparse.Namespace, base: str, pid: int) -> list[tuple[str,
     import orjson
 
     tool_args = orjson.loads(args.args)
-    results = [("lean", await measure(lean_client(base, args.scenario, args.tool, tool_args), pid, args.episodes,
-                                      args.seconds, args.samples))]
-    if not args.lean_only:
-        async with official_client(base, args.scenario, args.tool, tool_args) as official:
-            results.append(("official", await measure(official, pid, args.episodes, args.seconds, args.samples)))
+    results = []
+    for round_ in range(1, args.rounds + 1):  # alternate the clients: the machine's load drifts
+        suffix = f" #{round_}" if args.rounds > 1 else ""
+        lean = lean_client(base, args.scenario, args.tool, tool_args)
+        results.append((f"lean{suffix}", await measure(lean, pid, args.episodes, args.seconds, args.samples)))
+        if not args.lean_only:
+            async with official_client(base, args.scenario, args.tool, tool_args) as official:
+                results.append((f"official{suffix}", await measure(official, pid, args.episodes, args.seconds,
+                                                                   args.samples)))
     return results
 
 
@@ -206,6 +210,7 @@ def cli() -> None:
     p.add_argument("--episodes", type=int, default=16, help="concurrent episodes in the throughput run")
     p.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput run")
     p.add_argument("--samples", type=int, default=50, help="samples for the one-at-a-time latencies")
+    p.add_argument("--rounds", type=int, default=1, help="rounds of both clients, alternating")
     p.add_argument("--lean-only", action="store_true", help="skip the official client")
     args = p.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
@@ -214,10 +219,10 @@ def cli() -> None:
         results = asyncio.run(main(args, base, proc.pid))
     keys = list(dict.fromkeys(k for _, r in results for k in r))
     width = max(map(len, keys))
-    print(f"{'measure':{width}}  " + "  ".join(f"{name:>32}" for name, _ in results))
-    print("-" * (width + 34 * len(results)))
+    print(f"{'measure':{width}}  " + "  ".join(f"{name:>34}" for name, _ in results))
+    print("-" * (width + 36 * len(results)))
     for k in keys:
-        print(f"{k:{width}}  " + "  ".join(f"{r.get(k, ''):>32}" for _, r in results))
+        print(f"{k:{width}}  " + "  ".join(f"{r.get(k, ''):>34}" for _, r in results))
     print(f"(scenario {args.scenario}, tool {args.tool} {args.args}, {args.workers} server workers)")
 
 

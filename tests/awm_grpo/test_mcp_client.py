@@ -231,6 +231,23 @@ def test_the_rollout_env_tells_observations_from_infra_failures(server: Served) 
     assert verdict.verdict == "complete" and state["state_hash"] and n_tools > 10
 
 
+def test_episodes_of_one_event_loop_share_keep_alive_connections(server: Served) -> None:
+    async def one_loop() -> tuple[bool, int, HttpPool]:
+        a = await McpEnv(base_of(server), SCENARIO, 0, 10.0).start()
+        b = await McpEnv(base_of(server), SCENARIO, 1, 10.0).start()
+        for env in (a, b, a, b):  # one request at a time: one connection serves both episodes
+            await env.call("get_issue", {"issue_id": 7})
+            await env.state()
+        shared, idle = a.http is b.http, a.http.idle
+        await a.close()
+        await b.close()
+        return shared, idle, a.http
+
+    shared, idle, first_pool = asyncio.run(one_loop())
+    assert shared and idle == 1
+    assert asyncio.run(one_loop())[2] is not first_pool  # another loop, another pool (streams are loop-bound)
+
+
 def test_the_token_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server off loopback wants its bearer token: without it a 401 is an infra failure naming the variable."""
     srv = awm_server(host="0.0.0.0", token="s3cret-token")
