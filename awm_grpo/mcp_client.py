@@ -156,7 +156,7 @@ class McpSession:
                                             self.timeout_s)
         except HttpError as exc:
             raise McpError(f"{method} at {self.url}: {exc}") from exc
-        self._check_status(method, reply.status, reply.headers, reply.body)
+        self._check_status(method, reply.status, reply.headers)
         if reply.status not in (200, 202):
             raise McpError(f"{method} at {self.url}: HTTP {reply.status}: {reply.body[:300]!r}", reply.status)
 
@@ -172,7 +172,7 @@ class McpSession:
         if reply.status not in (200, 202, 204, 404, 405):
             raise McpError(f"ending MCP session {session_id} at {self.url}: HTTP {reply.status}", reply.status)
 
-    def _check_status(self, method: str, status: int, headers: dict[str, str], body: bytes = b"") -> None:
+    def _check_status(self, method: str, status: int, headers: dict[str, str]) -> None:
         if status == 401:
             raise McpAuthError(f"{method} at {self.url}: HTTP 401, the server wants a bearer token "
                                f"({headers.get('www-authenticate', 'Bearer')})", status)
