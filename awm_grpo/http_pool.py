@@ -127,9 +127,10 @@ class Response:
 class HttpPool:
     """Idle keep-alive connections per origin, for the event loop that uses them (streams are loop-bound)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: the context for https origins (default: the system's trust store, hostnames checked)."""
         self._idle: dict[Origin, list[_Connection]] = {}
-        self._tls: ssl.SSLContext | None = None
+        self._tls = tls
         self.closed = False
 
     async def request(self, origin: Origin, method: str, path: str, headers: Mapping[str, str],

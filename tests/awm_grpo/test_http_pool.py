@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import ipaddress
+import ssl
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from awm_grpo.http_pool import HttpError, HttpPool, Origin
 
@@ -171,3 +179,45 @@ def test_a_stream_left_early_does_not_go_back_to_the_pool() -> None:
 
     assert asyncio.run(story()) == b"x" * 100
     assert script.connections == 2
+
+
+def self_signed_127(tmp_path: Path) -> tuple[Path, Path]:
+    """A throwaway certificate for 127.0.0.1 and its key, as PEM files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_https_origins_verify_the_server(tmp_path: Path) -> None:
+    cert, key = self_signed_127(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    script = Scripted(lambda n, head: ok(b"over tls"))
+
+    async def story() -> tuple[bytes, str]:
+        listener = await asyncio.start_server(script.handle, "127.0.0.1", 0, ssl=server_tls)
+        origin = Origin.parse(f"https://127.0.0.1:{listener.sockets[0].getsockname()[1]}")
+        trusting = HttpPool(tls=ssl.create_default_context(cafile=str(cert)))
+        bodies = [(await trusting.request(origin, "GET", "/", {}, b"", 5)).body for _ in range(2)]
+        trusting.close()
+        default = HttpPool()  # the system trust store does not know this certificate
+        with pytest.raises(HttpError) as refused:
+            await default.request(origin, "GET", "/", {}, b"", 5)
+        default.close()
+        listener.close()
+        return b" ".join(bodies), str(refused.value)
+
+    bodies, refused = asyncio.run(story())
+    assert bodies == b"over tls over tls" and script.connections == 1
+    assert "CERTIFICATE_VERIFY_FAILED" in refused
