@@ -25,11 +25,16 @@ import contextlib
 import itertools
 import logging
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
 from awm.server_limits import TOKEN_ENV
 from awm.verifier import Verdict
+
+from awm_grpo.http_pool import HttpError, HttpPool, Origin
+from awm_grpo.mcp_client import McpAuthError, McpError, McpSession
 
 logger = logging.getLogger(__name__)
 
@@ -159,81 +164,91 @@ class InProcessEnv:
 # ---- MCP over HTTP -------------------------------------------------------------------------------
 
 _NEXT_URL = itertools.count()
+_HTTP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[HttpPool]] = weakref.WeakKeyDictionary()
+
+
+def _http() -> HttpPool:
+    """The running loop's pool of keep-alive connections, shared by the episodes that hold it.
+
+    Held weakly on both sides: the pool lives while some episode of the loop does (so concurrent
+    episodes share connections) and closes its idle connections when the last one is gone, and a
+    finished loop is not kept alive by connections that point back at it.
+    """
+    loop = asyncio.get_running_loop()
+    ref = _HTTP.get(loop)
+    pool = ref() if ref is not None else None
+    if pool is None:
+        pool = HttpPool()
+        _HTTP[loop] = weakref.ref(pool)
+    return pool
 
 
 class McpEnv:
-    """One MCP session (= one episode on the server) plus the server's JSON control plane."""
+    """One MCP session (= one episode on the server) plus the server's JSON control plane.
 
-    def __init__(self, base_url: str, scenario: str, task_idx: int, timeout_s: float) -> None:
+    Spoken by the lean client (awm_grpo.mcp_client) on the event loop's shared connections.
+    """
+
+    def __init__(self, base_url: str, scenario: str, task_idx: int, timeout_s: float,
+                 http: HttpPool | None = None) -> None:
         self.base = base_url.rstrip("/")
         self.url = f"{self.base}/mcp/{scenario}?task_idx={task_idx}"
         self.timeout_s = timeout_s
+        self.http = http or _http()
+        self.origin = Origin.parse(self.base)
         self.tools: list[dict[str, Any]] = []
-        self.session_id = ""
-        self._stack = contextlib.AsyncExitStack()
-
-    async def start(self) -> McpEnv:
-        import httpx2
-        from mcp.client.session import ClientSession
-        from mcp.client.streamable_http import streamable_http_client
-
-        async def remember(response: httpx2.Response) -> None:
-            if not self.session_id and "mcp-session-id" in response.headers:
-                self.session_id = response.headers["mcp-session-id"]
-
         # A server bound off loopback requires its bearer token (awm.server_limits.TOKEN_ENV) on every request.
         token = os.environ.get(TOKEN_ENV)
-        self.http = await self._stack.enter_async_context(httpx2.AsyncClient(
-            timeout=self.timeout_s, headers={"Authorization": f"Bearer {token}"} if token else None,
-            event_hooks={"response": [remember]}))
+        self._auth = {"authorization": f"Bearer {token}"} if token else {}
+        self.session = McpSession(self.http, self.url, token=token, timeout_s=timeout_s)
+
+    @property
+    def session_id(self) -> str:
+        return self.session.session_id or ""
+
+    async def start(self) -> McpEnv:
         try:
-            # A plain request first: the MCP client reports an unreachable server as a cancellation
-            # from inside its task group, which cannot be told apart from a real one.
-            reply = await self.http.get(f"{self.base}/health")
-            if reply.status_code == 401:
-                raise EnvInfraError(f"MCP server {self.base} wants its token: set {TOKEN_ENV} to the token the "
-                                    "server printed at start (or was started with)")
-            reply.raise_for_status()
-        except EnvInfraError:
-            await self.close()
-            raise
-        except Exception as exc:
-            await self.close()
-            raise EnvInfraError(f"MCP server {self.base} is not healthy: {type(exc).__name__}: {exc}") from exc
-        try:
-            read, write = await self._stack.enter_async_context(streamable_http_client(self.url, http_client=self.http))
-            self.session = await self._stack.enter_async_context(ClientSession(read, write))
-            await self.session.initialize()
+            await self.session.open()
             listing = await self.session.list_tools()
-        except Exception as exc:
+        except McpAuthError as exc:
             await self.close()
-            raise EnvInfraError(f"MCP server {self.url}: {type(exc).__name__}: {exc}") from exc
-        self.tools = [{"name": t.name, "description": t.description or "", "inputSchema": t.input_schema}
-                      for t in listing.tools]
+            raise EnvInfraError(f"MCP server {self.base} wants its token: set {TOKEN_ENV} to the token the "
+                                f"server printed at start (or was started with) ({exc})") from exc
+        except McpError as exc:
+            await self.close()
+            raise EnvInfraError(f"MCP server {self.base}: {exc}") from exc
+        self.tools = [{"name": t["name"], "description": t.get("description") or "",
+                       "inputSchema": t.get("inputSchema", {})} for t in listing]
         return self
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         try:
-            result = await asyncio.wait_for(self.session.call_tool(name, arguments), self.timeout_s)
-        except Exception as exc:
-            raise EnvInfraError(f"MCP tool {name!r} at {self.url}: {type(exc).__name__}: {exc}") from exc
-        meta = (result.meta or {}).get("awm", {}) if getattr(result, "meta", None) else {}
-        text = "\n".join(part.text for part in result.content if getattr(part, "type", "") == "text")
-        kind = meta.get("kind", "http_error" if result.is_error else "ok")
+            result = await self.session.call_tool(name, arguments)
+        except McpError as exc:
+            raise EnvInfraError(f"MCP tool {name!r}: {exc}") from exc
+        meta = result.get("_meta") or {}
+        awm_meta = meta.get("awm") or {} if isinstance(meta, dict) else {}
+        content = result.get("content") or []
+        text = "\n".join(part.get("text", "") for part in content
+                         if isinstance(part, dict) and part.get("type") == "text")
+        is_error = bool(result.get("isError"))
+        kind = awm_meta.get("kind", "http_error" if is_error else "ok")
         if kind == "infra_error":
             raise EnvInfraError(f"MCP tool {name!r} at {self.url}: {text}")
-        return ToolResult(text, bool(result.is_error), kind)
+        return ToolResult(text, is_error, kind)
 
     async def _control(self, method: str, action: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        url = f"{self.base}/episodes/{self.session_id}/{action}"
+        path = f"/episodes/{self.session_id}/{action}"
+        headers = {**self._auth, "content-type": "application/json"} if body is not None else self._auth
         try:
-            reply = await self.http.request(method, url, json=body) if body is not None \
-                else await self.http.request(method, url)
-        except Exception as exc:
-            raise EnvInfraError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
-        data = reply.json()
-        if reply.status_code >= 400:
-            raise EnvInfraError(f"{method} {url}: HTTP {reply.status_code}: {data.get('error', data)}")
+            reply = await self.http.request(self.origin, method, path, headers,
+                                            orjson.dumps(body) if body is not None else b"", self.timeout_s)
+            data = orjson.loads(reply.body)
+        except (HttpError, orjson.JSONDecodeError) as exc:
+            raise EnvInfraError(f"{method} {self.base}{path}: {type(exc).__name__}: {exc}") from exc
+        if reply.status >= 400:
+            raise EnvInfraError(f"{method} {self.base}{path}: HTTP {reply.status}: "
+                                f"{data.get('error', data) if isinstance(data, dict) else data}")
         return data
 
     async def state(self) -> dict[str, Any]:
@@ -245,8 +260,8 @@ class McpEnv:
         return Verdict(**data)
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._stack.aclose()
+        with contextlib.suppress(McpError):
+            await self.session.close()
 
 
 async def open_env(cfg: EnvConfig, scenario: str, task_idx: int) -> EnvSession:
