@@ -280,6 +280,7 @@ class VerifierSandbox:
         memory_bytes: int = 1 << 30,
         max_workers: int | None = None,
         max_open_files: int = 64,
+        spare_children: int = 2,
         start_timeout_s: float = 30.0,
     ) -> None:
         if not hasattr(os, "fork"):
@@ -290,6 +291,7 @@ class VerifierSandbox:
             "memory_bytes": int(memory_bytes),
             "max_workers": int(max_workers or max(4, 2 * (os.cpu_count() or 2))),
             "max_open_files": int(max_open_files),
+            "spare_children": max(0, int(spare_children)),
         }
         self._start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
