@@ -64,6 +64,7 @@ _MAX_RESULT_BYTES = 8 << 20
 # own deadline, and without overflow each later request would wait about ceil(hung / slots) timeouts.
 _QUEUE_GRACE_S = 0.5
 _OVERFLOW_FACTOR = 4
+_REAP_INTERVAL_S = 0.05  # how often the helper looks for killed children that finished exiting
 _TRACEBACK_LINES = 8
 _SOURCE_NAME = "<awm-verifier>"
 
@@ -540,6 +541,7 @@ def _child_main(server: "_Server", request_fd: int, result_fd: int) -> None:
     except BaseException:
         data = b'{"ok": false, "error": "the verifier result could not be encoded"}'
     _write_all(_RESULT_FD, data)
+    os.close(_RESULT_FD)  # the helper answers on this end of file, not after the slower process exit
     os._exit(0)
 
 
@@ -641,6 +643,7 @@ class _Server:
         self.queue: deque[dict[str, Any]] = deque()
         self.jobs: dict[int, _Job] = {}
         self.spares: deque[_Child] = deque()
+        self.dying: list[int] = []  # killed children not reaped yet
 
     def self_test(self) -> str:
         """Run the probe verifier under the full lockdown; return "" or what went wrong."""
@@ -687,6 +690,8 @@ class _Server:
             wake = [job.deadline for job in self.jobs.values()]
             if self.queue:
                 wake.append(self._grace_end(self.queue[0]))
+            if self.dying:
+                wake.append(time.monotonic() + _REAP_INTERVAL_S)
             timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
             if not self.queue and len(self.spares) < self.settings["spare_children"]:
                 # One fork per turn, so a request that arrives meanwhile waits for one fork at most.
@@ -704,6 +709,7 @@ class _Server:
                     self._read_child(key.data)
                 else:
                     self._drop_spare(key.data)
+            self._collect_dying()
             now = time.monotonic()
             for job in [job for job in self.jobs.values() if job.deadline <= now]:
                 detail = f"verifier ran past its {job.timeout_s:g} s wall-clock limit and was killed"
@@ -754,6 +760,17 @@ class _Server:
         kill_group(child.pid)
         _, status = os.waitpid(child.pid, 0)
         return status
+
+    def _retire(self, child: _Child) -> None:
+        """`_reap` without the wait: the exit of a large process takes a while, and nobody needs its status."""
+        os.close(child.result_fd)
+        kill_group(child.pid)
+        self.dying.append(child.pid)
+
+    def _collect_dying(self) -> None:
+        for pid in list(self.dying):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                self.dying.remove(pid)
 
     def _answer(self, request_id: int, reply: dict[str, Any]) -> None:
         _write_line(1, {"id": request_id, **reply})
@@ -811,9 +828,9 @@ class _Server:
         del self.jobs[job.child.result_fd]
         if reply is not None:
             self._answer(job.request_id, reply)
-        status = self._reap(job.child)
-        if reply is None:
-            self._answer(job.request_id, _reply_from_status(status))
+            self._retire(job.child)
+        else:
+            self._answer(job.request_id, _reply_from_status(self._reap(job.child)))
         remove_tree(job.reqdir)
 
     def _shutdown(self) -> None:
@@ -822,6 +839,8 @@ class _Server:
         for child in self.spares:
             os.close(child.request_fd)
             self._reap(child)
+        for pid in self.dying:
+            os.waitpid(pid, 0)
         remove_tree(self.workdir)
 
 
