@@ -6,18 +6,25 @@ own and threads allowed.
 
 `awm.verifier` starts this file as `python -I sandbox.py CONFIG` (isolated mode: no user site, no
 PYTHON* variables, no script directory on sys.path) with an allow-listed environment, so it imports
-only the standard library and nothing from `awm`. The helper reads JSON requests on stdin, forks one
-child per request and writes one JSON reply per request on stdout. Each protection has a reason:
+only the standard library and nothing from `awm`. The helper reads JSON requests on stdin, hands each
+to a child of its own and writes one JSON reply per request on stdout. Each protection has a reason:
 
-- A warm helper that forks (with `gc.freeze`) starts a verifier in milliseconds instead of paying an
-  interpreter start per call; the helper itself only talks over pipes.
-- Private read-only copies of the two databases: a verifier cannot change the real files, and a WAL
-  file's recent writes are folded in by an SQLite backup so the copy is complete.
+- A warm helper that forks (with `gc.freeze`, SQLite already initialised) starts a verifier in
+  milliseconds instead of paying an interpreter start per call; the helper itself only talks over pipes.
+- Children are forked and locked down ahead of demand (`spare_children`): a spare waits on its
+  request pipe under every protection below except the Landlock restriction, which needs the
+  request's directory; the request adds that one directory to the spare's own ruleset and restricts.
+  So a verifier pays for neither the fork nor the lockdown, and still reads only its own request's
+  snapshots. A child serves one request and exits: nothing a verifier leaves behind reaches another.
+- Private read-only copies of the two databases, made by the helper in a directory per request: a
+  verifier cannot change the real files, and a WAL file's recent writes are folded in by an SQLite
+  backup so the copy is complete.
 - Resource limits: memory (RLIMIT_AS), CPU time as a backstop to the wall clock, open files, no file
   growth, no core dumps and no new processes for a non-root uid.
 - A wall-clock deadline per child, enforced by the helper killing the child's process group.
 - Landlock, where the kernel has it: read-only access to the interpreter, system libraries and the
-  DB copies only (not the trainer's /proc/<pid>/environ, home directories or /tmp); no write,
+  request's DB copies only (not another request's, the trainer's /proc/<pid>/environ, home
+  directories or /tmp); no write,
   create, delete or exec; no TCP (ABI 4+); no signals or abstract sockets out (ABI 6+).
 - A seccomp filter that fails fork, vfork, clone and clone3: root is exempt from RLIMIT_NPROC, and
   a process that escaped the group would outlive the deadline kill.
@@ -488,11 +495,14 @@ def _limit_cpu(timeout_s: float) -> None:
 
 
 def _warm_up(db_path: str) -> None:
-    """Touch what every verifier touches (SQLite's first open, the regex engine, JSON) so that a
-    process forked afterwards finds it ready instead of paying for it inside the verifier's time."""
+    """Do what every verifier does (open SQLite read-only, read rows into dicts, run a regex, JSON)
+    before the request: in the helper, so SQLite's one-time setup is inherited; in a spare, so the
+    copy-on-write faults and allocator growth that a fresh fork pays fall before the clock starts."""
     conn = sqlite3.connect(pathlib.Path(db_path).as_uri() + "?mode=ro", uri=True)
     try:
-        conn.execute("SELECT * FROM sqlite_master").fetchall()
+        cursor = conn.execute("SELECT * FROM sqlite_master")
+        columns = [d[0] for d in cursor.description]
+        [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
     finally:
         conn.close()
     re.sub(r"<think>.*?</think>", " ", "<think>a</think>b", flags=re.S)
@@ -508,7 +518,7 @@ def _read_request() -> dict[str, Any] | None:
     return json.loads(data) if data else None
 
 
-def _child_main(server: "_Server", request_fd: int, result_fd: int) -> None:
+def _child_main(server: "_Server", request_fd: int, result_fd: int, spare: bool) -> None:
     """Body of a forked child: lock down, wait for a request, confine to its directory, run it, report
     on fd 3. Never returns. All but the last Landlock step happen before the request, off its clock."""
     os.setpgid(0, 0)  # own process group: the helper kills the group on timeout
@@ -522,6 +532,8 @@ def _child_main(server: "_Server", request_fd: int, result_fd: int) -> None:
     try:
         _apply_limits(server.settings)
         server.lockdown.prepare(server.pid)
+        if spare:  # a child forked for a waiting request skips it: that would be on the request's clock
+            _warm_up(server.warm_db)
     except BaseException as exc:
         setup_error = setup_error or exc
     request = _read_request()
@@ -696,7 +708,7 @@ class _Server:
             if not self.queue and len(self.spares) < self.settings["spare_children"]:
                 # One fork per turn, so a request that arrives meanwhile waits for one fork at most.
                 try:
-                    self.spares.append(self._fork())
+                    self.spares.append(self._fork(spare=True))
                     timeout = 0.0
                 except OSError:
                     pass  # out of processes or memory: a request forks its own child when it comes
@@ -726,7 +738,7 @@ class _Server:
         self.queue.extend({**json.loads(line), "queued_at": now} for line in lines if line.strip())
         return True
 
-    def _fork(self) -> _Child:
+    def _fork(self, spare: bool) -> _Child:
         """A new child that locks itself down and waits on its request pipe (raises OSError if fork fails)."""
         request_read, request_write = os.pipe()
         result_read, result_write = os.pipe()
@@ -738,7 +750,7 @@ class _Server:
             raise
         if pid == 0:
             try:
-                _child_main(self, request_read, result_write)
+                _child_main(self, request_read, result_write, spare)
             finally:
                 os._exit(70)
         os.close(request_read)
@@ -787,7 +799,7 @@ class _Server:
         payload = json.dumps({**request, "dir": reqdir, "initial": initial, "final": final}).encode()
         for _ in range(3):  # a spare may have died since the loop last looked
             try:
-                child = self.spares.popleft() if self.spares else self._fork()
+                child = self.spares.popleft() if self.spares else self._fork(spare=False)
             except OSError as exc:
                 remove_tree(reqdir)
                 self._answer(request["id"], {"status": "error", "detail": f"could not fork a verifier: {exc}"})
