@@ -479,3 +479,17 @@ def test_verifier_reads_only_its_own_snapshots(sandbox, dbs):
     assert seen["own"] == ["final.db", "initial.db"] and seen["same_dir"]
     if sandbox.protections["landlock_abi"]:
         assert (seen["helper_dir"], seen["probe"]) == ("PermissionError", "PermissionError")
+
+
+def test_database_gone_before_its_snapshot_is_an_infra_failure(sandbox, dbs, tmp_path):
+    """The helper snapshots the databases itself: one that vanished after the caller checked it is
+    reported (never scored), and the helper goes on serving."""
+    vanished = tmp_path / "vanished.db"
+    vanished.write_bytes(dbs["initial"].read_bytes())
+    request = sandbox._request(_verifier_code(1), str(dbs["initial"]), str(vanished), "code", None, 5.0)
+    vanished.unlink()
+    run = verifier._run_from_reply(sandbox._submit(request).result(), 0.0)
+    verdict = verifier.code_verdict(run)
+    assert (verdict.verdict, verdict.infra_failure) == ("judge_error", True)
+    assert "could not snapshot" in verdict.detail and "final database not found" in verdict.detail
+    assert sandbox.verify(_verifier_code(1), str(dbs["initial"]), str(dbs[1])).verdict == "complete"
