@@ -705,8 +705,10 @@ class _Server:
             if self.dying:
                 wake.append(time.monotonic() + _REAP_INTERVAL_S)
             timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
-            if not self.queue and len(self.spares) < self.settings["spare_children"]:
-                # One fork per turn, so a request that arrives meanwhile waits for one fork at most.
+            if not self.queue and not self.jobs and len(self.spares) < self.settings["spare_children"]:
+                # Only while no verifier runs: under load a spare's setup would compete with them for
+                # CPU (and a busy helper forks per request anyway). One fork per turn, so a request
+                # that arrives meanwhile waits for one fork at most.
                 try:
                     self.spares.append(self._fork(spare=True))
                     timeout = 0.0
