@@ -74,6 +74,8 @@ _OVERFLOW_FACTOR = 4
 _REAP_INTERVAL_S = 0.05  # how often the helper looks for killed children that finished exiting
 _TRACEBACK_LINES = 8
 _SOURCE_NAME = "<awm-verifier>"
+# Imported by the helper before it forks, so a verifier's `import` of them is a dictionary lookup.
+_PRELOADED = ("collections", "datetime", "decimal", "fractions", "functools", "itertools", "statistics", "zoneinfo")
 
 _PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP = 24
@@ -649,6 +651,8 @@ class _Server:
         self.lockdown = Lockdown(())  # children add their own request directory (`Lockdown.confine`)
         self.warm_db = os.path.join(self.workdir, "probe.db")
         _make_probe_db(self.warm_db)
+        for name in _PRELOADED:
+            __import__(name)
         _warm_up(self.warm_db)
         self.selector = selectors.DefaultSelector()
         self.inbox = bytearray()
