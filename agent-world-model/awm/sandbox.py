@@ -512,12 +512,16 @@ def _warm_up(db_path: str) -> None:
 
 
 def _read_request() -> dict[str, Any] | None:
-    """The one request the helper writes on fd 4 (it closes the pipe after it); None at a bare end of file."""
+    """The one request the helper writes on fd 4, a JSON line, or None at a bare end of file. Read up
+    to the newline: waiting for the end of file too would cost a second wake-up on a busy machine."""
     data = bytearray()
-    while chunk := os.read(_REQUEST_FD, 1 << 16):
+    while not data.endswith(b"\n"):
+        chunk = os.read(_REQUEST_FD, 1 << 16)
+        if not chunk:
+            break
         data += chunk
     os.close(_REQUEST_FD)
-    return json.loads(data) if data else None
+    return json.loads(data) if data.strip() else None
 
 
 def _child_main(server: "_Server", request_fd: int, result_fd: int, spare: bool) -> None:
@@ -554,8 +558,8 @@ def _child_main(server: "_Server", request_fd: int, result_fd: int, spare: bool)
         data = json.dumps(message).encode()
     except BaseException:
         data = b'{"ok": false, "error": "the verifier result could not be encoded"}'
-    _write_all(_RESULT_FD, data)
-    os.close(_RESULT_FD)  # the helper answers on this end of file, not after the slower process exit
+    _write_all(_RESULT_FD, data + b"\n")  # the helper answers on this newline, before the process exit
+    os.close(_RESULT_FD)
     os._exit(0)
 
 
@@ -802,7 +806,7 @@ class _Server:
             remove_tree(reqdir)
             self._answer(request["id"], {"status": "error", "detail": f"could not snapshot the databases: {exc}"})
             return None
-        payload = json.dumps({**request, "dir": reqdir, "initial": initial, "final": final}).encode()
+        payload = (json.dumps({**request, "dir": reqdir, "initial": initial, "final": final}) + "\n").encode()
         for _ in range(3):  # a spare may have died since the loop last looked
             try:
                 child = self.spares.popleft() if self.spares else self._fork(spare=False)
@@ -832,6 +836,11 @@ class _Server:
         chunk = os.read(job.child.result_fd, 1 << 16)
         if chunk and len(job.output) + len(chunk) <= _MAX_RESULT_BYTES:
             job.output += chunk
+            # The child ends its message with a newline (JSON has none inside): answer now, not
+            # at the end of file, which would cost the helper a second wake-up.
+            reply = _reply_from_output(bytes(job.output)) if chunk.endswith(b"\n") else None
+            if reply is not None:
+                self._finish(job, reply)
         elif chunk:
             self._finish(
                 job,
