@@ -6,18 +6,25 @@ own and threads allowed.
 
 `awm.verifier` starts this file as `python -I sandbox.py CONFIG` (isolated mode: no user site, no
 PYTHON* variables, no script directory on sys.path) with an allow-listed environment, so it imports
-only the standard library and nothing from `awm`. The helper reads JSON requests on stdin, forks one
-child per request and writes one JSON reply per request on stdout. Each protection has a reason:
+only the standard library and nothing from `awm`. The helper reads JSON requests on stdin, hands each
+to a child of its own and writes one JSON reply per request on stdout. Each protection has a reason:
 
-- A warm helper that forks (with `gc.freeze`) starts a verifier in milliseconds instead of paying an
-  interpreter start per call; the helper itself only talks over pipes.
-- Private read-only copies of the two databases: a verifier cannot change the real files, and a WAL
-  file's recent writes are folded in by an SQLite backup so the copy is complete.
+- A warm helper that forks (with `gc.freeze`, SQLite already initialised) starts a verifier in
+  milliseconds instead of paying an interpreter start per call; the helper itself only talks over pipes.
+- Children are forked and locked down ahead of demand (`spare_children`): a spare waits on its
+  request pipe under every protection below except the Landlock restriction, which needs the
+  request's directory; the request adds that one directory to the spare's own ruleset and restricts.
+  So a verifier pays for neither the fork nor the lockdown, and still reads only its own request's
+  snapshots. A child serves one request and exits: nothing a verifier leaves behind reaches another.
+- Private read-only copies of the two databases, made by the helper in a directory per request: a
+  verifier cannot change the real files, and a WAL file's recent writes are folded in by an SQLite
+  backup so the copy is complete.
 - Resource limits: memory (RLIMIT_AS), CPU time as a backstop to the wall clock, open files, no file
   growth, no core dumps and no new processes for a non-root uid.
 - A wall-clock deadline per child, enforced by the helper killing the child's process group.
 - Landlock, where the kernel has it: read-only access to the interpreter, system libraries and the
-  DB copies only (not the trainer's /proc/<pid>/environ, home directories or /tmp); no write,
+  request's DB copies only (not another request's, the trainer's /proc/<pid>/environ, home
+  directories or /tmp); no write,
   create, delete or exec; no TCP (ABI 4+); no signals or abstract sockets out (ABI 6+).
 - A seccomp filter that fails fork, vfork, clone and clone3: root is exempt from RLIMIT_NPROC, and
   a process that escaped the group would outlive the deadline kill.
@@ -47,6 +54,7 @@ import selectors
 import shutil
 import signal
 import sqlite3
+import stat
 import sys
 import tempfile
 import time
@@ -63,8 +71,11 @@ _MAX_RESULT_BYTES = 8 << 20
 # own deadline, and without overflow each later request would wait about ceil(hung / slots) timeouts.
 _QUEUE_GRACE_S = 0.5
 _OVERFLOW_FACTOR = 4
+_REAP_INTERVAL_S = 0.05  # how often the helper looks for killed children that finished exiting
 _TRACEBACK_LINES = 8
 _SOURCE_NAME = "<awm-verifier>"
+# Imported by the helper before it forks, so a verifier's `import` of them is a dictionary lookup.
+_PRELOADED = ("collections", "datetime", "decimal", "fractions", "functools", "itertools", "statistics", "zoneinfo")
 
 _PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP = 24
@@ -82,7 +93,7 @@ _SECCOMP_SYSCALLS = {
     "aarch64": {"arch": 0xC00000B7, "deny": (198, 117, 270, 271, 97, 268), "clone": 220, "clone3": 435},
 }
 _CLONE_THREAD = 0x10000
-_RESULT_FD, _RULESET_FD = 3, 4
+_RESULT_FD, _REQUEST_FD, _RULESET_FD = 3, 4, 5
 # What a verifier may read besides its DB copies: the interpreter and system libraries, nothing else
 # (no /proc/<pid>/environ of the trainer, no home directories, no /tmp).
 _SYSTEM_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32")
@@ -159,32 +170,37 @@ _LL_WRITE_DIR_RIGHTS = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1
 """write, read, readdir, remove_dir, remove_file, make_dir, make_reg: what a writable dir grants (no exec)."""
 
 
-def _landlock_ruleset(libc: ctypes.CDLL, abi: int, readable_extra: tuple[str, ...],
-                      writable: tuple[str, ...] = ()) -> int:
-    """A Landlock ruleset: read-only access to the interpreter, system libraries and `readable_extra`,
-    plain files and directories under `writable` (no exec, sockets, devices or links there); no write,
-    create, delete or exec anywhere else; no TCP (ABI 4+); no signals or abstract sockets out (ABI 6+)."""
-    attr = _LandlockRulesetAttr(_landlock_fs_rights(abi), 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
-    size = 8 if abi < 4 else 16 if abi < 6 else 24
-    ruleset = _syscall(libc, _SYS_LANDLOCK_CREATE_RULESET, ctypes.addressof(attr), size, 0)
+def _landlock_rules(abi: int, readable_extra: tuple[str, ...], writable: tuple[str, ...]) -> list[tuple[int, int]]:
+    """(rights, O_PATH fd) per path: read-only access to the interpreter, system libraries and
+    `readable_extra`; plain files and directories under `writable` (no exec, sockets, devices or links
+    there). Opened once, so that a forked child builds its own ruleset without touching the filesystem."""
     readable = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *readable_extra, *sys.path}
     readable.update(_SYSTEM_READ_ROOTS, _SYSTEM_READ_FILES)
-    rules = {path: _LL_READ_FILE | _LL_READ_DIR for path in readable if path}
+    wanted = {path: _LL_READ_FILE | _LL_READ_DIR for path in readable if path}
     write = _LL_WRITE_FILE | (_LL_TRUNCATE if abi >= 3 else 0)
-    rules.update({path: _LL_READ_FILE | (write if mode == "rw" else 0) for path, mode in _DEVICES.items()})
-    rules.update({path: _LL_WRITE_DIR_RIGHTS | (_LL_TRUNCATE if abi >= 3 else 0) for path in writable})
-    for path, rights in rules.items():
+    wanted.update({path: _LL_READ_FILE | (write if mode == "rw" else 0) for path, mode in _DEVICES.items()})
+    wanted.update({path: _LL_WRITE_DIR_RIGHTS | (_LL_TRUNCATE if abi >= 3 else 0) for path in writable})
+    rules = []
+    for path, rights in wanted.items():
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             continue  # a missing optional path
-        try:
-            if not os.path.isdir(path):
-                rights &= _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE  # file rules take file rights only
-            rule = _LandlockPathBeneathAttr(rights, fd)
-            _syscall(libc, _SYS_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.addressof(rule), 0)  # 1: path beneath
-        finally:
-            os.close(fd)
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            rights &= _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE  # file rules take file rights only
+        rules.append((rights, fd))
+    return rules
+
+
+def _landlock_ruleset(libc: ctypes.CDLL, abi: int, rules: list[tuple[int, int]]) -> int:
+    """A Landlock ruleset granting `rules` and denying every other filesystem access it handles (write,
+    create, delete, exec anywhere else); no TCP (ABI 4+); no signals or abstract sockets out (ABI 6+)."""
+    attr = _LandlockRulesetAttr(_landlock_fs_rights(abi), 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    ruleset = _syscall(libc, _SYS_LANDLOCK_CREATE_RULESET, ctypes.addressof(attr), size, 0)
+    for rights, fd in rules:
+        rule = _LandlockPathBeneathAttr(rights, fd)
+        _syscall(libc, _SYS_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.addressof(rule), 0)  # 1: path beneath
     return ruleset
 
 
@@ -224,12 +240,23 @@ def _seccomp_program(threads: bool) -> _SockFprog | None:
     return fprog
 
 
+def _last_capability() -> int:
+    """The highest capability number this kernel knows (63, the most there can be, if it will not say)."""
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            return int(handle.read())
+    except (OSError, ValueError):
+        return 63
+
+
 class Lockdown:
     """The kernel protections available here, built once and applied by a process to itself.
 
-    The verifier helper builds one and each forked child applies it; an environment worker
-    (`awm.worker`) builds and applies its own with `writable` (its episode files) and `threads`
-    (FastAPI runs sync handlers in a thread pool).
+    An environment worker (`awm.worker`) builds and applies its own with `writable` (its episode
+    files) and `threads` (FastAPI runs sync handlers in a thread pool). The verifier helper builds
+    one and each forked child applies it in two steps: `prepare` while it waits (everything but the
+    Landlock restriction, plus a ruleset of its own), then `confine` once its request names the one
+    directory it may read.
     """
 
     def __init__(self, readable: tuple[str, ...], writable: tuple[str, ...] = (), *, threads: bool = False) -> None:
@@ -243,12 +270,13 @@ class Lockdown:
                 self.landlock_abi = _syscall(libc, _SYS_LANDLOCK_CREATE_RULESET, 0, 0, 1)
             except OSError:
                 pass  # no Landlock in this kernel, or disabled
-        self.ruleset_fd = (_landlock_ruleset(libc, self.landlock_abi, readable, writable)
-                           if self.landlock_abi else -1)
+        self._rules = _landlock_rules(self.landlock_abi, readable, writable) if self.landlock_abi else []
+        self.ruleset_fd = self.new_ruleset()
         seccomp_ok = libc is not None and libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) >= 0  # kernel has it
         self.seccomp = _seccomp_program(threads) if seccomp_ok else None
         # Root keeps uid 0 (its interpreter may live under /root) but gives up every capability.
         self.drop_capabilities = libc is not None and os.geteuid() == 0
+        self.last_capability = _last_capability()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -259,13 +287,53 @@ class Lockdown:
             "uid": os.geteuid(),
         }
 
+    def new_ruleset(self) -> int:
+        """A fresh Landlock ruleset fd for this lockdown's paths (-1 without Landlock).
+
+        A forked child needs its own: rules added to an inherited fd would change its siblings' too.
+        """
+        if not self.landlock_abi:
+            return -1
+        return _landlock_ruleset(self.libc, self.landlock_abi, self._rules)
+
     def apply(self, parent_pid: int | None, ruleset_fd: int | None = None) -> None:
         """Lock this thread (and every thread or process it makes later) down; `parent_pid`: die with it."""
-        libc = self.libc
-        if libc is None:
+        if self.libc is None:
             return
+        self._drop_privileges(parent_pid)
+        self._restrict_paths(self.ruleset_fd if ruleset_fd is None else ruleset_fd)
+        self._filter_syscalls()
+        for _, fd in self._rules:  # the rules live on in the restriction; their paths' fds are not needed
+            os.close(fd)
+        self._rules = []
+
+    def prepare(self, parent_pid: int) -> None:
+        """Every protection but the Landlock restriction, for a child that learns what it may read later
+        (`confine`); it builds its ruleset (`new_ruleset`) before this: root without capabilities may
+        no longer reach every path."""
+        if self.libc is None:
+            return
+        self._drop_privileges(parent_pid)
+        self._filter_syscalls()
+
+    def confine(self, ruleset_fd: int, readable_dir: str | None) -> None:
+        """After `prepare`: allow reading `readable_dir` too, then restrict this process to `ruleset_fd`."""
+        if ruleset_fd < 0:
+            return
+        if readable_dir is not None:
+            fd = os.open(readable_dir, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _LandlockPathBeneathAttr(_LL_READ_FILE | _LL_READ_DIR, fd)
+                _syscall(self.libc, _SYS_LANDLOCK_ADD_RULE, ruleset_fd, 1, ctypes.addressof(rule), 0)
+            finally:
+                os.close(fd)
+        self._restrict_paths(ruleset_fd)
+
+    def _drop_privileges(self, parent_pid: int | None) -> None:
+        """Capabilities (root), a parent-death signal, and no_new_privs (which Landlock and seccomp need)."""
+        libc = self.libc
         if self.drop_capabilities:  # first: a credential change would clear the death signal set below
-            for cap in range(64):
+            for cap in range(self.last_capability + 1):
                 try:
                     _prctl(libc, _PR_CAPBSET_DROP, cap)
                 except OSError:
@@ -276,12 +344,15 @@ class Lockdown:
             if os.getppid() != parent_pid:  # the parent died before the line above took effect
                 os._exit(0)
         _prctl(libc, _PR_SET_NO_NEW_PRIVS, 1)
-        if self.ruleset_fd >= 0:
-            fd = self.ruleset_fd if ruleset_fd is None else ruleset_fd
-            _syscall(libc, _SYS_LANDLOCK_RESTRICT_SELF, fd, 0)
-            os.close(fd)
+
+    def _restrict_paths(self, ruleset_fd: int) -> None:
+        if ruleset_fd >= 0:
+            _syscall(self.libc, _SYS_LANDLOCK_RESTRICT_SELF, ruleset_fd, 0)
+            os.close(ruleset_fd)
+
+    def _filter_syscalls(self) -> None:
         if self.seccomp is not None:
-            _prctl(libc, _PR_SET_SECCOMP, 2, ctypes.addressof(self.seccomp))  # 2: filter mode
+            _prctl(self.libc, _PR_SET_SECCOMP, 2, ctypes.addressof(self.seccomp))  # 2: filter mode
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -392,25 +463,22 @@ def _snapshot_databases(request: dict[str, Any], reqdir: str) -> tuple[str, str]
     return copies[0], copies[1]
 
 
-def _redirect_stdio(result_fd: int, ruleset_fd: int) -> None:
-    """Leave the child /dev/null as stdio, its result pipe as fd 3, the Landlock ruleset as fd 4, nothing else."""
+def _redirect_stdio(keep: tuple[int, ...]) -> None:
+    """Leave the child /dev/null as stdio and the fds in `keep` as 3, 4, ... in order, nothing else."""
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    # Copy both above fd 4 first: either may sit on 3 or 4 now and be overwritten by the other.
-    moves = [(fcntl.fcntl(result_fd, fcntl.F_DUPFD, _RULESET_FD + 1), _RESULT_FD)]
-    if ruleset_fd >= 0:
-        moves.append((fcntl.fcntl(ruleset_fd, fcntl.F_DUPFD, _RULESET_FD + 1), _RULESET_FD))
-    for source, target in moves:
+    # Copy all above their targets first: one may sit where another is going.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, _RESULT_FD + len(keep)) for fd in keep]
+    for target, source in enumerate(high, start=_RESULT_FD):
         os.dup2(source, target)
-    os.closerange(_RESULT_FD + len(moves), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    os.closerange(_RESULT_FD + len(keep), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
-def _apply_limits(settings: dict[str, Any], timeout_s: float) -> None:
-    cpu_s = math.ceil(timeout_s) + 1  # a backstop: the helper's wall-clock deadline comes first
+def _apply_limits(settings: dict[str, Any]) -> None:
+    """The limits a waiting child takes on; the CPU limit follows with the request (`_limit_cpu`)."""
     limits = [
         ("RLIMIT_AS", settings["memory_bytes"], settings["memory_bytes"]),
-        ("RLIMIT_CPU", cpu_s, cpu_s + 1),  # SIGXCPU first, SIGKILL a second later
         ("RLIMIT_NOFILE", settings["max_open_files"], settings["max_open_files"]),
         ("RLIMIT_FSIZE", 0, 0),  # no file can grow, wherever the verifier manages to open one
         ("RLIMIT_CORE", 0, 0),
@@ -422,44 +490,104 @@ def _apply_limits(settings: dict[str, Any], timeout_s: float) -> None:
             resource.setrlimit(limit, (soft, hard))
 
 
-def _child_main(request: dict[str, Any], result_fd: int, reqdir: str, server: "_Server") -> None:
-    """Body of a forked child: snapshot, lock down, run the verifier, report on fd 3. Never returns."""
-    os.setpgid(0, 0)  # own process group: the helper kills the group on timeout
-    _redirect_stdio(result_fd, server.lockdown.ruleset_fd)
+def _limit_cpu(timeout_s: float) -> None:
+    """CPU time as a backstop (the helper's wall-clock deadline comes first): SIGXCPU, SIGKILL 1 s later."""
+    cpu_s = math.ceil(timeout_s) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+
+
+def _warm_up(db_path: str) -> None:
+    """Do what every verifier does (open SQLite read-only, read rows into dicts, run a regex, JSON)
+    before the request: in the helper, so SQLite's one-time setup is inherited; in a spare, so the
+    copy-on-write faults and allocator growth that a fresh fork pays fall before the clock starts."""
+    conn = sqlite3.connect(pathlib.Path(db_path).as_uri() + "?mode=ro", uri=True)
     try:
-        if request["mode"] == "probe":
-            initial = final = ""
-        else:
-            initial, final = _snapshot_databases(request, reqdir)
-            os.chdir(reqdir)
-        _apply_limits(server.settings, request["timeout_s"])
-        server.lockdown.apply(server.pid, _RULESET_FD)
-        message = _run_verifier(request, initial, final)
+        cursor = conn.execute("SELECT * FROM sqlite_master")
+        columns = [d[0] for d in cursor.description]
+        [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+    finally:
+        conn.close()
+    re.sub(r"<think>.*?</think>", " ", "<think>a</think>b", flags=re.S)
+    json.loads(json.dumps({"result": "complete"}))
+
+
+def _read_request() -> dict[str, Any] | None:
+    """The one request the helper writes on fd 4, a JSON line, or None at a bare end of file. Read up
+    to the newline: waiting for the end of file too would cost a second wake-up on a busy machine."""
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = os.read(_REQUEST_FD, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    os.close(_REQUEST_FD)
+    return json.loads(data) if data.strip() else None
+
+
+def _child_main(server: "_Server", request_fd: int, result_fd: int, spare: bool) -> None:
+    """Body of a forked child: lock down, wait for a request, confine to its directory, run it, report
+    on fd 3. Never returns. All but the last Landlock step happen before the request, off its clock."""
+    os.setpgid(0, 0)  # own process group: the helper kills the group on timeout
+    setup_error: BaseException | None = None
+    try:
+        ruleset_fd = server.lockdown.new_ruleset()  # from the helper's open rule fds, closed just below
+    except BaseException as exc:
+        ruleset_fd, setup_error = -1, exc
+    _redirect_stdio((result_fd, request_fd) + ((ruleset_fd,) if ruleset_fd >= 0 else ()))
+    ruleset_fd = _RULESET_FD if ruleset_fd >= 0 else -1
+    try:
+        _apply_limits(server.settings)
+        server.lockdown.prepare(server.pid)
+        if spare:  # a child forked for a waiting request skips it: that would be on the request's clock
+            _warm_up(server.warm_db)
+    except BaseException as exc:
+        setup_error = setup_error or exc
+    request = _read_request()
+    if request is None:  # retired unused
+        os._exit(0)
+    try:
+        if setup_error is not None:
+            raise setup_error
+        _limit_cpu(request["timeout_s"])
+        os.chdir(request["dir"])
+        server.lockdown.confine(ruleset_fd, request["dir"])
+        message = _run_verifier(request, request["initial"], request["final"])
     except BaseException as exc:
         message = {"ok": False, "error": f"sandbox setup failed: {exc!r}"}
     try:
         data = json.dumps(message).encode()
     except BaseException:
         data = b'{"ok": false, "error": "the verifier result could not be encoded"}'
-    _write_all(_RESULT_FD, data)
+    _write_all(_RESULT_FD, data + b"\n")  # the helper answers on this newline, before the process exit
+    os.close(_RESULT_FD)
     os._exit(0)
 
 
-# Run once at helper start under the full lockdown: a sandbox that cannot import a module or read a
-# database would turn every verdict into judge_error, so it must fail at start instead.
+# Run once at helper start under the full lockdown, on snapshots of a small database: a sandbox that
+# cannot import a module or read its databases would turn every verdict into judge_error, so it must
+# fail at start instead.
 _PROBE_CODE = """
 def verify_probe(initial_db_path, final_db_path):
     import decimal, fractions, statistics, zoneinfo
-    sqlite3.connect(":memory:").execute("SELECT 1").fetchall()
+    for path in (initial_db_path, final_db_path):
+        sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("SELECT * FROM probe").fetchall()
     return {"result": "complete"}
 """
 
 
 @dataclasses.dataclass
+class _Child:
+    """A forked child that serves one request: it waits, locked down but for its last Landlock rule."""
+
+    pid: int
+    request_fd: int  # the helper writes one request here and closes it
+    result_fd: int  # the child's answer; end of file once it exits
+
+
+@dataclasses.dataclass
 class _Job:
     request_id: int
-    pid: int
-    fd: int
+    child: _Child
     deadline: float
     timeout_s: float
     reqdir: str
@@ -495,15 +623,21 @@ def remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _reply_from_child(output: bytes, status: int) -> dict[str, Any]:
+def _reply_from_output(output: bytes) -> dict[str, Any] | None:
+    """The reply a child's result message makes, or None when it left none."""
     try:
         message = json.loads(output)
     except ValueError:
-        message = None
-    if isinstance(message, dict) and "ok" in message:
-        if message["ok"]:
-            return {"status": "ok", "value": message.get("value"), "type": message.get("type", "")}
-        return {"status": "error", "detail": str(message.get("error", ""))}
+        return None
+    if not (isinstance(message, dict) and "ok" in message):
+        return None
+    if message["ok"]:
+        return {"status": "ok", "value": message.get("value"), "type": message.get("type", "")}
+    return {"status": "error", "detail": str(message.get("error", ""))}
+
+
+def _reply_from_status(status: int) -> dict[str, Any]:
+    """The reply for a child that ended without a result, from its wait status."""
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
         return {"status": "timeout", "detail": "verifier exceeded its CPU time limit and was killed"}
     how = describe_exit(os.waitstatus_to_exitcode(status))
@@ -511,17 +645,25 @@ def _reply_from_child(output: bytes, status: int) -> dict[str, Any]:
 
 
 class _Server:
-    """The helper's loop: read requests on stdin, fork children, collect results, enforce deadlines."""
+    """The helper's loop: read requests on stdin, hand them to waiting children, collect results,
+    enforce deadlines, and keep `spare_children` children forked and locked down ahead of demand."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings
         self.pid = os.getpid()
         self.workdir = settings["workdir"]
-        self.lockdown = Lockdown((self.workdir,))
+        self.lockdown = Lockdown(())  # children add their own request directory (`Lockdown.confine`)
+        self.warm_db = os.path.join(self.workdir, "probe.db")
+        _make_probe_db(self.warm_db)
+        for name in _PRELOADED:
+            __import__(name)
+        _warm_up(self.warm_db)
         self.selector = selectors.DefaultSelector()
         self.inbox = bytearray()
         self.queue: deque[dict[str, Any]] = deque()
         self.jobs: dict[int, _Job] = {}
+        self.spares: deque[_Child] = deque()
+        self.dying: list[int] = []  # killed children not reaped yet
 
     def self_test(self) -> str:
         """Run the probe verifier under the full lockdown; return "" or what went wrong."""
@@ -530,22 +672,23 @@ class _Server:
             "mode": "probe",
             "code": _PROBE_CODE,
             "function": "verify_probe",
+            "initial_db": self.warm_db,
+            "final_db": self.warm_db,
             "timeout_s": 10.0,
         }
-        job = self._spawn(probe)
+        job = self._start(probe)
         if job is None:
-            return "could not fork the probe"
-        self.selector.unregister(job.fd)
-        while select.select([job.fd], [], [], max(0.0, job.deadline - time.monotonic()))[0]:
-            chunk = os.read(job.fd, 1 << 16)
+            return "could not start the probe (see its error reply)"
+        fd = job.child.result_fd
+        self.selector.unregister(fd)
+        while select.select([fd], [], [], max(0.0, job.deadline - time.monotonic()))[0]:
+            chunk = os.read(fd, 1 << 16)
             if not chunk:
                 break
             job.output += chunk
-        os.close(job.fd)
-        del self.jobs[job.fd]
-        kill_group(job.pid)
-        _, status = os.waitpid(job.pid, 0)
-        reply = _reply_from_child(bytes(job.output), status)
+        del self.jobs[fd]
+        reply = _reply_from_output(bytes(job.output)) or _reply_from_status(self._reap(job.child))
+        remove_tree(job.reqdir)
         return "" if reply.get("value") == {"result": "complete"} else reply.get("detail") or "no answer"
 
     def _may_start(self, now: float) -> bool:
@@ -563,18 +706,32 @@ class _Server:
         self.selector.register(0, selectors.EVENT_READ)
         while True:
             while self.queue and self._may_start(time.monotonic()):
-                self._spawn(self.queue.popleft())
+                self._start(self.queue.popleft())
             wake = [job.deadline for job in self.jobs.values()]
             if self.queue:
                 wake.append(self._grace_end(self.queue[0]))
+            if self.dying:
+                wake.append(time.monotonic() + _REAP_INTERVAL_S)
             timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
+            if not self.queue and not self.jobs and len(self.spares) < self.settings["spare_children"]:
+                # Only while no verifier runs: under load a spare's setup would compete with them for
+                # CPU (and a busy helper forks per request anyway). One fork per turn, so a request
+                # that arrives meanwhile waits for one fork at most.
+                try:
+                    self.spares.append(self._fork(spare=True))
+                    timeout = 0.0
+                except OSError:
+                    pass  # out of processes or memory: a request forks its own child when it comes
             for key, _ in self.selector.select(timeout):
                 if key.fd == 0:
                     if not self._read_requests():
                         self._shutdown()
                         return
-                else:
+                elif isinstance(key.data, _Job):
                     self._read_child(key.data)
+                else:
+                    self._drop_spare(key.data)
+            self._collect_dying()
             now = time.monotonic()
             for job in [job for job in self.jobs.values() if job.deadline <= now]:
                 detail = f"verifier ran past its {job.timeout_s:g} s wall-clock limit and was killed"
@@ -591,66 +748,144 @@ class _Server:
         self.queue.extend({**json.loads(line), "queued_at": now} for line in lines if line.strip())
         return True
 
-    def _spawn(self, request: dict[str, Any]) -> _Job | None:
-        reqdir = os.path.join(self.workdir, f"req-{request['id']}")
-        read_fd, write_fd = os.pipe()
+    def _fork(self, spare: bool) -> _Child:
+        """A new child that locks itself down and waits on its request pipe (raises OSError if fork fails)."""
+        request_read, request_write = os.pipe()
+        result_read, result_write = os.pipe()
         try:
             pid = os.fork()
-        except OSError as exc:
-            os.close(read_fd)
-            os.close(write_fd)
-            _write_line(
-                1, {"id": request["id"], "status": "error", "detail": f"could not fork a verifier: {exc}"}
-            )
-            return None
+        except OSError:
+            for fd in (request_read, request_write, result_read, result_write):
+                os.close(fd)
+            raise
         if pid == 0:
             try:
-                os.close(read_fd)
-                _child_main(request, write_fd, reqdir, self)
+                _child_main(self, request_read, result_write, spare)
             finally:
                 os._exit(70)
-        os.close(write_fd)
-        job = _Job(
-            request["id"], pid, read_fd, time.monotonic() + request["timeout_s"], request["timeout_s"], reqdir
-        )
-        self.jobs[read_fd] = job
-        self.selector.register(read_fd, selectors.EVENT_READ, job)
+        os.close(request_read)
+        os.close(result_write)
+        child = _Child(pid, request_write, result_read)
+        self.selector.register(result_read, selectors.EVENT_READ, child)  # a spare that dies is noticed
+        return child
+
+    def _drop_spare(self, child: _Child) -> None:
+        """A waiting child ended (killed from outside, or out of memory): reap it; the loop forks another."""
+        self.spares.remove(child)
+        self.selector.unregister(child.result_fd)
+        os.close(child.request_fd)
+        self._reap(child)
+
+    def _reap(self, child: _Child) -> int:
+        """Kill the child's group (it may linger after closing its pipe), wait for it, close its result pipe."""
+        os.close(child.result_fd)
+        kill_group(child.pid)
+        _, status = os.waitpid(child.pid, 0)
+        return status
+
+    def _retire(self, child: _Child) -> None:
+        """`_reap` without the wait: the exit of a large process takes a while, and nobody needs its status."""
+        os.close(child.result_fd)
+        kill_group(child.pid)
+        self.dying.append(child.pid)
+
+    def _collect_dying(self) -> None:
+        for pid in list(self.dying):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                self.dying.remove(pid)
+
+    def _answer(self, request_id: int, reply: dict[str, Any]) -> None:
+        _write_line(1, {"id": request_id, **reply})
+
+    def _start(self, request: dict[str, Any]) -> _Job | None:
+        """Snapshot the request's databases and hand it to a waiting child (a new one if none waits)."""
+        reqdir = os.path.join(self.workdir, f"req-{request['id']}")
+        try:
+            initial, final = _snapshot_databases(request, reqdir)
+        except Exception as exc:
+            remove_tree(reqdir)
+            self._answer(request["id"], {"status": "error", "detail": f"could not snapshot the databases: {exc}"})
+            return None
+        payload = (json.dumps({**request, "dir": reqdir, "initial": initial, "final": final}) + "\n").encode()
+        for _ in range(3):  # a spare may have died since the loop last looked
+            try:
+                child = self.spares.popleft() if self.spares else self._fork(spare=False)
+            except OSError as exc:
+                remove_tree(reqdir)
+                self._answer(request["id"], {"status": "error", "detail": f"could not fork a verifier: {exc}"})
+                return None
+            try:
+                _write_all(child.request_fd, payload)
+                break
+            except OSError:
+                self.selector.unregister(child.result_fd)
+                self._reap(child)
+            finally:
+                os.close(child.request_fd)
+        else:
+            remove_tree(reqdir)
+            self._answer(request["id"], {"status": "error", "detail": "verifier children die before they start"})
+            return None
+        now = time.monotonic()
+        job = _Job(request["id"], child, now + request["timeout_s"], request["timeout_s"], reqdir)
+        self.jobs[child.result_fd] = job
+        self.selector.modify(child.result_fd, selectors.EVENT_READ, job)
         return job
 
     def _read_child(self, job: _Job) -> None:
-        chunk = os.read(job.fd, 1 << 16)
+        chunk = os.read(job.child.result_fd, 1 << 16)
         if chunk and len(job.output) + len(chunk) <= _MAX_RESULT_BYTES:
             job.output += chunk
+            # The child ends its message with a newline (JSON has none inside): answer now, not
+            # at the end of file, which would cost the helper a second wake-up.
+            reply = _reply_from_output(bytes(job.output)) if chunk.endswith(b"\n") else None
+            if reply is not None:
+                self._finish(job, reply)
         elif chunk:
             self._finish(
                 job,
                 {"status": "error", "detail": f"verifier result is larger than {_MAX_RESULT_BYTES} bytes"},
             )
         else:
-            self._finish(job, None)
+            self._finish(job, _reply_from_output(bytes(job.output)))
 
     def _finish(self, job: _Job, reply: dict[str, Any] | None) -> None:
-        """Reap the child (killing its group first: it may linger after closing its pipe) and answer."""
-        self.selector.unregister(job.fd)
-        os.close(job.fd)
-        del self.jobs[job.fd]
-        kill_group(job.pid)
-        _, status = os.waitpid(job.pid, 0)
+        """Answer (first, when the reply is known: the caller waits on it), then reap the child and clean up."""
+        self.selector.unregister(job.child.result_fd)
+        del self.jobs[job.child.result_fd]
+        if reply is not None:
+            self._answer(job.request_id, reply)
+            self._retire(job.child)
+        else:
+            self._answer(job.request_id, _reply_from_status(self._reap(job.child)))
         remove_tree(job.reqdir)
-        if reply is None:
-            reply = _reply_from_child(bytes(job.output), status)
-        _write_line(1, {"id": job.request_id, **reply})
 
     def _shutdown(self) -> None:
         for job in list(self.jobs.values()):
-            kill_group(job.pid)
-            os.waitpid(job.pid, 0)
+            self._reap(job.child)
+        for child in self.spares:
+            os.close(child.request_fd)
+            self._reap(child)
+        for pid in self.dying:
+            os.waitpid(pid, 0)
         remove_tree(self.workdir)
+
+
+def _make_probe_db(path: str) -> None:
+    """The small database the self-test reads and every child warms up on."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("CREATE TABLE probe (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO probe (name) VALUES ('ok')")
+        conn.commit()
+    finally:
+        conn.close()
 
 
 def _helper_main(config: str) -> None:
     """Entry point of the helper process: find the protections, prove them with a probe, then serve."""
-    settings = {"memory_bytes": 1 << 30, "max_workers": 4, "max_open_files": 64, **json.loads(config)}
+    defaults = {"memory_bytes": 1 << 30, "max_workers": 4, "max_open_files": 64, "spare_children": 2}
+    settings = {**defaults, **json.loads(config)}
     if "workdir" not in settings:  # started by hand: never reuse (and later delete) the current directory
         settings["workdir"] = tempfile.mkdtemp(prefix="awm-verifier-")
     server = _Server(settings)

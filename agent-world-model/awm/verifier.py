@@ -2,11 +2,11 @@
 
 Upstream AWM `exec`s verifier code in the caller with full builtins, no timeout and the real DB
 files (chmod 0444 is its only guard), so one bad verifier hangs or poisons a trainer. Here a warm
-helper process (`python -I`, allow-listed environment) forks one child per request; the child
-works on private read-only copies of the two databases under resource limits and, where the
-kernel offers them, Landlock (read-only allow-list, no exec, no TCP, no signals out), a seccomp
-filter (no fork), dropped capabilities (root) and a network namespace. The helper kills a child
-at its wall-clock deadline.
+helper process (`python -I`, allow-listed environment) runs each request in a child of its own,
+forked and locked down ahead of demand; the child works on private read-only copies of the two
+databases under resource limits and, where the kernel offers them, Landlock (read-only allow-list:
+its own request's copies, no exec, no TCP, no signals out), a seccomp filter (no fork), dropped
+capabilities (root) and a network namespace. The helper kills a child at its wall-clock deadline.
 
 The helper's side (the lockdown, the limits, the forking loop) lives in `awm.sandbox`; this module
 starts it, talks to it over pipes and turns its replies into verdicts.
@@ -267,6 +267,7 @@ class _Helper:
 class VerifierSandbox:
     """Runs verifier code in forked children of one long-lived, isolated helper process.
 
+    `spare_children` children wait forked and locked down for the next requests (0: fork per request).
     Thread-safe; `averify` lets many verifications run at once (the helper runs up to
     `max_workers` children in parallel and queues the rest; a request's timeout starts when its
     child starts, and a request queued past a short grace gets an overflow child, so verifiers that
@@ -280,6 +281,7 @@ class VerifierSandbox:
         memory_bytes: int = 1 << 30,
         max_workers: int | None = None,
         max_open_files: int = 64,
+        spare_children: int = 2,
         start_timeout_s: float = 30.0,
     ) -> None:
         if not hasattr(os, "fork"):
@@ -290,6 +292,7 @@ class VerifierSandbox:
             "memory_bytes": int(memory_bytes),
             "max_workers": int(max_workers or max(4, 2 * (os.cpu_count() or 2))),
             "max_open_files": int(max_open_files),
+            "spare_children": max(0, int(spare_children)),
         }
         self._start_timeout_s = start_timeout_s
         self._lock = threading.Lock()

@@ -282,10 +282,23 @@ def test_fifty_concurrent_verifications(sandbox, dbs):
     ]
 
 
+def _family(pid: int) -> set[int]:
+    """A helper and its live children (the verifiers it runs and the spares waiting for requests)."""
+    return {pid} | {child for child in _sandbox_processes() if _parent(child) == pid}
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def test_killed_helper_fails_inflight_and_restarts(sandbox, dbs):
     sandbox.verify(_verifier_code(1), str(dbs["initial"]), str(dbs[1]))  # make sure a helper is up
     old_helper = sandbox.helper_pid
     before = _sandbox_processes()
+    old_family = _family(old_helper)
 
     async def kill_during_call() -> Verdict:
         call = asyncio.ensure_future(_averdict_loop(sandbox, dbs))
@@ -299,11 +312,12 @@ def test_killed_helper_fails_inflight_and_restarts(sandbox, dbs):
     assert sandbox.helper_pid not in (None, old_helper)
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:  # the orphaned child dies by its parent-death signal, asynchronously
-        leftovers = _sandbox_processes() - before - {sandbox.helper_pid}
-        if not leftovers and old_helper not in _sandbox_processes():
+        alive = _sandbox_processes()
+        leftovers = (alive - before - _family(sandbox.helper_pid)) | (old_family & alive)
+        if not leftovers:
             break
         time.sleep(0.05)
-    assert not leftovers and old_helper not in _sandbox_processes()
+    assert not leftovers
 
 
 async def _averdict_loop(sandbox: VerifierSandbox, dbs: dict) -> Verdict:
@@ -315,8 +329,9 @@ def test_close_leaves_no_processes_or_files(dbs):
     box = VerifierSandbox()
     assert box.verify(_verifier_code(1), str(dbs["initial"]), str(dbs[1])).complete
     helper, workdir = box.helper_pid, box._helper.workdir
+    family = _wait_for_spares(helper, 2)
     box.close()
-    assert helper not in _sandbox_processes()
+    assert not family & _sandbox_processes()  # the helper and the spares it kept waiting
     assert not os.path.exists(workdir)
     with pytest.raises(verifier.SandboxError, match="closed"):
         box.verify(_verifier_code(1), str(dbs["initial"]), str(dbs[1]))
@@ -393,3 +408,88 @@ def test_hung_verifiers_do_not_hold_up_a_healthy_one(dbs):
     stuck, healthy, elapsed = asyncio.run(main())
     assert healthy.verdict == "complete" and elapsed < 1.5
     assert [v.verdict for v in stuck] == ["timeout"] * 6
+
+
+def _wait_for_spares(helper: int, count: int, timeout_s: float = 5.0) -> set[int]:
+    """The helper's family once it has `count` children waiting for requests (and nothing running)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        family = _family(helper)
+        if len(family) == count + 1:
+            return family
+        time.sleep(0.02)
+    raise AssertionError(f"helper {helper} has children {sorted(_family(helper) - {helper})}, wanted {count}")
+
+
+def _wait_dead(pid: int, timeout_s: float = 5.0) -> None:
+    """Until `pid` is a zombie or gone (SIGKILL is delivered asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX":
+                return
+        except OSError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} is still alive")
+
+
+def test_spares_killed_while_waiting_are_replaced(dbs):
+    """Children forked ahead of demand that die before a request arrives cost that request nothing:
+    the helper skips them (or forks a fresh child) and forks new spares in their place."""
+    initial, solved = str(dbs["initial"]), str(dbs[1])
+    with VerifierSandbox(spare_children=2) as box:
+        assert box.verify(_verifier_code(1), initial, solved).complete
+        helper = box.helper_pid
+        spares = _wait_for_spares(helper, 2) - {helper}
+        for pid in spares:
+            os.kill(pid, signal.SIGKILL)
+        for pid in spares:
+            _wait_dead(pid)
+        verdict = box.verify(_verifier_code(1), initial, solved)
+        assert (verdict.verdict, verdict.detail) == ("complete", "")
+        replaced = _wait_for_spares(helper, 2) - {helper}
+        assert box.helper_pid == helper and not replaced & spares
+
+
+def test_without_spares_each_request_forks_its_own_child(dbs):
+    initial, solved = str(dbs["initial"]), str(dbs[2])
+    with VerifierSandbox(spare_children=0) as box:
+        verdicts = [box.verify(_verifier_code(2), initial, solved).verdict for _ in range(3)]
+        _wait_for_spares(box.helper_pid, 0)  # the last child exits after its answer, asynchronously
+        time.sleep(0.2)
+        assert _family(box.helper_pid) == {box.helper_pid}  # and no spare is forked behind it
+    assert verdicts == ["complete"] * 3
+
+
+def test_verifier_reads_only_its_own_snapshots(sandbox, dbs):
+    """A child waits for its request before it knows which files it may read, yet only its own
+    request's snapshots are readable: not the helper's directory, nor another request's copies."""
+    body = """\
+    own = os.path.dirname(final_db_path)
+    seen = {"own": sorted(os.listdir(own)), "same_dir": os.path.dirname(initial_db_path) == own}
+    for label, path in (("helper_dir", os.path.dirname(own)), ("probe", os.path.join(os.path.dirname(own), "probe.db"))):
+        try:
+            seen[label] = sorted(os.listdir(path)) if label == "helper_dir" else len(open(path, "rb").read())
+        except OSError as exc:
+            seen[label] = type(exc).__name__
+    return {"result": "complete", "seen": seen}
+"""
+    seen = _verdict(sandbox, dbs, body).result["seen"]
+    assert seen["own"] == ["final.db", "initial.db"] and seen["same_dir"]
+    if sandbox.protections["landlock_abi"]:
+        assert (seen["helper_dir"], seen["probe"]) == ("PermissionError", "PermissionError")
+
+
+def test_database_gone_before_its_snapshot_is_an_infra_failure(sandbox, dbs, tmp_path):
+    """The helper snapshots the databases itself: one that vanished after the caller checked it is
+    reported (never scored), and the helper goes on serving."""
+    vanished = tmp_path / "vanished.db"
+    vanished.write_bytes(dbs["initial"].read_bytes())
+    request = sandbox._request(_verifier_code(1), str(dbs["initial"]), str(vanished), "code", None, 5.0)
+    vanished.unlink()
+    run = verifier._run_from_reply(sandbox._submit(request).result(), 0.0)
+    verdict = verifier.code_verdict(run)
+    assert (verdict.verdict, verdict.infra_failure) == ("judge_error", True)
+    assert "could not snapshot" in verdict.detail and "final database not found" in verdict.detail
+    assert sandbox.verify(_verifier_code(1), str(dbs["initial"]), str(dbs[1])).verdict == "complete"
