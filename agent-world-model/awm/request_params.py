@@ -8,8 +8,8 @@ answers; per call it runs the same steps in the same order (pick the alias prese
 value, an absent or empty-sequence value is Undefined, Undefined -> missing error or a deep copy
 of the default, else `field.validate`), so values and error lists are FastAPI's.
 Parameter models (`Annotated[Model, Query()]`) are not compiled: such a route's reader defers to
-`request_params_to_args` itself. `tests/awm/test_request_params.py` compares both on every
-parameter of every bundled and excerpt route.
+`request_params_to_args` itself. `tests/awm/test_request_params.py` compares both on every kind
+of parameter; `tests/awm/test_dispatch.py` on every route of the bundled and excerpt scenarios.
 """
 
 from __future__ import annotations
