@@ -8,6 +8,7 @@ compares status, body bytes, the server error's first line and the resulting DB 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from awm.data import bundled_data_dir
+from awm.episode import EnvRuntime
 from conftest import FAULT_APP, write_scenarios
 
 TWIN = Path(__file__).with_name("dispatch_twin.py")
@@ -208,3 +210,41 @@ async def how():
 '''
     report = run_twin(cache_dir, [f"{write_scenarios(tmp_path, {'telltale': app})}:telltale"])
     assert {r["tool"] for r in differences(report)} == {"how"}
+
+
+SPIN_ROUTES = '''
+
+@app.get("/spin", operation_id="spin")
+async def spin():
+    while True:
+        pass
+
+
+@app.get("/spin_sync", operation_id="spin_sync")
+def spin_sync():
+    n = 0
+    while True:
+        n += 1
+'''
+
+
+@pytest.mark.parametrize("tool", ["spin", "spin_sync", "run_sql"])
+def test_the_call_deadline_interrupts_a_direct_call_as_it_does_an_asgi_call(tmp_path: Path, cache_dir: Path,
+                                                                             tool: str) -> None:
+    """Containment is the same both ways: the soft deadline interrupts the handler, the episode goes on."""
+    data = write_scenarios(tmp_path, {"spinning": FAULT_APP + SPIN_ROUTES})
+    args = {"sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"} \
+        if tool == "run_sql" else {}
+
+    async def main(direct: bool) -> tuple[dict, dict]:
+        with EnvRuntime(data, num_workers=1, cache_dir=cache_dir, call_timeout_s=1.0, direct_dispatch=direct) as rt:
+            ep = await rt.open("spinning")
+            obs = await ep.call(tool, args)
+            after = await ep.call("list_notes", {})
+            assert rt.pool.restarts == 0
+            return ({"text": obs.text, "status": obs.status, "error": obs.detail.split("\n", 1)[0]},
+                    {"text": after.text, "status": after.status})
+
+    direct, asgi = asyncio.run(main(True)), asyncio.run(main(False))
+    assert direct == asgi
+    assert direct[0]["status"] == 500 and direct[1]["status"] == 200
