@@ -11,21 +11,25 @@ handler (`fastapi.routing.get_request_handler`) does for such a route, with Fast
     errors                 -> RequestValidationError -> the app's handler -> 422
     endpoint(**values)     -> serialize_response (the route's response field) -> response class
     HTTPException          -> the app's handler;  any other exception -> 500 "Internal Server Error"
+    dependencies (Depends, yield)  -> solve_dependencies with a Request on the ASGI path's scope,
+                                      between the same two exit stacks as fastapi.routing.request_response
 
 so status and body bytes are the ASGI path's (`tests/awm/test_dispatch.py` compares both on every
 tool of every bundled and excerpt scenario). The caller's containment (the call's deadline, the
 episode's connection binding and rollback) wraps both paths alike.
 
-Falls back to ASGI, decided once per app or route (`Dispatcher.reason` says why):
+Falls back to ASGI, decided when a route is compiled: on its first call, and again if code changed the
+app's routes, middleware, exception handlers or dependency overrides since (`Dispatcher.reason` says why):
 - the app: not a plain FastAPI, user middleware, any custom exception handler (incl. 500/Exception),
-  debug mode, a root_path, a body size limit, router middleware, native telemetry switched on;
+  dependency overrides, debug mode, a root_path, a body size limit, router middleware, native
+  telemetry switched on;
 - a route: not a plain APIRoute at the top of `app.router` (included routers, mounts), or behind a
-  mount or other non-Route entry; dependencies (route, router or `Depends`); header or cookie
-  params; Request, Response, BackgroundTasks, WebSocket or SecurityScopes params; form bodies;
-  generator endpoints (JSONL/SSE streams); a body size limit on the route.
+  mount or other non-Route entry; header or cookie params, or Request, Response, BackgroundTasks,
+  WebSocket or SecurityScopes params (the endpoint's or a dependency's); form bodies; generator
+  endpoints (JSONL/SSE streams); a body size limit on the route.
 And per call, before the endpoint runs: a concrete path that the route's own pattern does not match
-or that an earlier route would take (a path param such as "latest" or "a%2Fb"), and a body that is
-not valid JSON. A Response object the endpoint returns itself is used as is; one with a background
+or that an earlier route would take (a path param such as "" or "latest"), and a body that is not
+valid JSON. A Response object the endpoint returns itself is used as is; one with a background
 task or a streamed body is run as an ASGI response, as the ASGI path would.
 """
 
@@ -132,6 +136,13 @@ async def asgi_call(app: Any, req: HttpRequest) -> Reply:
     return out.status, b"".join(out.chunks), ""
 
 
+def _app_version(app: Any) -> tuple[int, ...]:
+    """What compiled routes depend on that code could still change at run time: a change means compiling again."""
+    router = getattr(app, "router", None)
+    return tuple(len(getattr(owner, name, None) or ()) for owner, name in (
+        (router, "routes"), (app, "user_middleware"), (app, "exception_handlers"), (app, "dependency_overrides")))
+
+
 def _app_reason(app: Any) -> str:
     """Why no route of `app` can be served directly ("" when routes may be)."""
     if not isinstance(app, FastAPI):
@@ -205,15 +216,15 @@ class DirectRoute:
 
     async def call(self, req: HttpRequest) -> Reply | None:
         """Serve `req` as the ASGI path would; None (before anything ran) when only ASGI can."""
-        path_params = self.path_params(req.path)
+        body: Any = Undefined
+        try:
+            path_params = self.path_params(req.path)
+            if path_params is not None and self.route.body_field is not None and req.body:
+                body = json.loads(req.body)
+        except Exception:  # a convertor's or FastAPI's own JSON error (json_invalid): leave it to FastAPI
+            return None
         if path_params is None:
             return None
-        body: Any = Undefined
-        if self.route.body_field is not None and req.body:
-            try:
-                body = json.loads(req.body)
-            except ValueError:
-                return None  # FastAPI's json_invalid error: rare, leave it to FastAPI
         sent: list[Reply] = []  # the response, once "sent"
         try:
             try:
@@ -308,14 +319,22 @@ class Dispatcher:
     """Serves one app's tool calls, directly where the route allows it, else over ASGI."""
 
     def __init__(self, app: Any, *, direct: bool = True) -> None:
-        self.app = app
-        self.app_reason = _app_reason(app) if direct else "direct dispatch is switched off"
+        self.app, self.direct = app, direct
         self.routes: dict[tuple[str, str], DirectRoute | None] = {}
         self.reason: dict[tuple[str, str], str] = {}  # (method, path template) -> why it goes over ASGI
         self.calls = {"direct": 0, "asgi": 0}  # how the calls so far were served
+        self.compiled_for: tuple[int, ...] = ()
+        self.app_reason = ""
 
     def compile(self, method: str, path: str) -> DirectRoute | None:
-        """The direct route for `method path` (the tool's route template), compiled on first use."""
+        """The direct route for `method path` (the tool's route template), compiled on first use, and again
+        when the app changed since (an added route may take the request, added middleware must run)."""
+        version = _app_version(self.app)
+        if version != self.compiled_for:
+            self.routes.clear()
+            self.reason.clear()
+            self.compiled_for = version
+            self.app_reason = _app_reason(self.app) if self.direct else "direct dispatch is switched off"
         key = (method, path)
         if key not in self.routes:
             self.routes[key], self.reason[key] = self._compile(method, path)

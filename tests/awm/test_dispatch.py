@@ -14,11 +14,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from awm.data import bundled_data_dir
+from awm.dispatch import Dispatcher
 from awm.episode import EnvRuntime
+from awm.tools import HttpRequest
 from conftest import FAULT_APP, write_scenarios
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 TWIN = Path(__file__).with_name("dispatch_twin.py")
 
@@ -255,3 +260,39 @@ def test_the_call_deadline_interrupts_a_direct_call_as_it_does_an_asgi_call(tmp_
     direct, asgi = asyncio.run(main(True)), asyncio.run(main(False))
     assert direct == asgi
     assert [(call["status"], after["status"]) for call, after in direct] == [(500, 200)] * 3
+
+
+def test_an_app_changed_at_run_time_is_compiled_again() -> None:
+    """A shadowing route or middleware added after the first call is honoured (no stale compiled route)."""
+    def make_app() -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/items/{item_id}", operation_id="get_item")
+        async def get_item(item_id: str) -> dict:
+            return {"id": item_id}
+        return app
+
+    class Tag:  # pure ASGI middleware that marks every response body
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            async def tagged(message: dict) -> None:
+                if message["type"] == "http.response.body":
+                    message = {**message, "body": message["body"] + b"#tagged"}
+                await send(message)
+            await self.inner(scope, receive, tagged)
+
+    async def main() -> list[tuple[int, bytes, str]]:
+        req = HttpRequest("GET", "/items/7", b"", None)
+        shadowed, tagged = make_app(), make_app()
+        first, second = Dispatcher(shadowed), Dispatcher(tagged)
+        out = [await first.call(req, "/items/{item_id}"), await second.call(req, "/items/{item_id}")]
+        shadowed.router.routes.insert(0, APIRoute("/items/7", lambda: {"shadow": True}, methods=["GET"]))
+        tagged.add_middleware(Tag)
+        out += [await first.call(req, "/items/{item_id}"), await second.call(req, "/items/{item_id}")]
+        assert first.calls == second.calls == {"direct": 1, "asgi": 1}
+        return out
+
+    assert asyncio.run(main()) == [(200, b'{"id":"7"}', "")] * 2 + [(200, b'{"shadow":true}', ""),
+                                                                   (200, b'{"id":"7"}#tagged', "")]
