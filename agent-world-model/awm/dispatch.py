@@ -130,7 +130,7 @@ async def asgi_call(app: Any, req: HttpRequest) -> Reply:
     try:
         await app(_scope(req), out.receive, out.send)
     except Exception as exc:  # Starlette answers 500 and then re-raises: keep the traceback for logs
-        return out.status, b"".join(out.chunks) or INTERNAL_ERROR, _server_error(exc)
+        return out.status, b"".join(out.chunks) if out.chunks else INTERNAL_ERROR, _server_error(exc)
     except CallInterrupted:
         return _interrupted()
     return out.status, b"".join(out.chunks), ""
