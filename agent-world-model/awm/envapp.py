@@ -12,19 +12,19 @@ than a typical handler), and every call ends with a rollback of anything left un
 as upstream's pool does when a session is dropped.
 
 We do not rewrite the code's text (upstream replaces whole lines, which breaks on multi-line
-calls); we load the module and dispatch requests to its `app` object over ASGI in-process.
+calls); we load the module and hand requests to its `app` object in-process: straight to the
+route's endpoint where FastAPI's handling of that route can be reproduced exactly, else over
+ASGI (`awm.dispatch`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import sqlite3
 import sys
 import time
-import traceback
 import types
 import warnings
 from collections.abc import Iterator
@@ -36,7 +36,8 @@ import sqlalchemy
 import sqlalchemy.engine
 from sqlalchemy.pool import StaticPool
 
-from awm.deadline import ENV_CODE_PREFIX, CallDeadline, CallInterrupted
+from awm.deadline import ENV_CODE_PREFIX, CallDeadline
+from awm.dispatch import Dispatcher, short_traceback
 from awm.isolation import guarded_import, module_state
 from awm.tools import Observation, ToolSpec, build_request, observation_from_response, tools_from_openapi
 
@@ -150,16 +151,19 @@ class LoadedEnv:
     engines: list[sqlalchemy.engine.Engine]
     idle_pools: dict[int, Any]  # per engine: a pool whose connect fails (bound between calls)
     module_state: list[str]  # module-level names its functions change: one instance per episode
+    dispatcher: Dispatcher  # how a request reaches `app`: directly or over ASGI
 
 
 def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str,
-             known_tools: list[dict[str, Any]] | None = None, database_path: str | None = None) -> LoadedEnv:
+             known_tools: list[dict[str, Any]] | None = None, database_path: str | None = None,
+             direct: bool = True) -> LoadedEnv:
     """Import generated code as a fresh module; its import-time DB work hits `scratch_db`.
 
     `known_tools` (the same code's tool specs, derived by another worker) skips building the
     OpenAPI document, about half of a load. `database_path`: what $DATABASE_PATH names for the
     code (a path `route_sqlite_connect` sends to the current call's DB); default `scratch_db`.
     A module that patches shared library code at import is refused (see `awm.isolation`).
+    `direct=False` sends every call over ASGI (to compare the two paths).
     """
     if not code or not code.strip():
         raise EnvCodeError(f"scenario {scenario!r} has no environment code (gen_envs full_code is empty)")
@@ -186,7 +190,7 @@ def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str,
     except BaseException as exc:  # a broken module must not take the worker down
         sys.modules.pop(name, None)
         raise EnvCodeError(f"scenario {scenario!r}: environment code failed to import: "
-                           f"{type(exc).__name__}: {exc}\n{_short_tb()}") from None
+                           f"{type(exc).__name__}: {exc}\n{short_traceback()}") from None
     finally:
         scratch.close()
     engines, router.engines = router.engines, []
@@ -213,7 +217,7 @@ def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str,
         cls = jsonschema.validators.validator_for(t.input_schema, default=jsonschema.Draft202012Validator)
         validators[t.name] = cls(t.input_schema)
     return LoadedEnv(scenario, module, app, tools, validators, time.perf_counter() - t0, created_sql, engines,
-                     idle_pools, module_state(code))
+                     idle_pools, module_state(code), Dispatcher(app, direct=direct))
 
 
 def unload_env(env: LoadedEnv) -> None:
@@ -221,50 +225,9 @@ def unload_env(env: LoadedEnv) -> None:
     env.module.__dict__.clear()
 
 
-def _short_tb(limit: int = 6) -> str:
-    return "".join(traceback.format_exc(limit=-limit))
-
-
 def _validation_message(err: jsonschema.ValidationError) -> str:
     where = "/".join(str(p) for p in err.absolute_path)
     return f"{where}: {err.message}" if where else err.message
-
-
-async def _asgi_call(app: Any, method: str, path: str, query: bytes, body: bytes | None) -> tuple[int, bytes, str]:
-    """One HTTP exchange with an ASGI app, in-process; returns (status, body, server traceback)."""
-    headers = [(b"host", b"apiserver")]
-    if body is not None:
-        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query, "root_path": "",
-             "headers": headers, "client": ("127.0.0.1", 0), "server": ("apiserver", 80)}
-    pending = [{"type": "http.request", "body": body or b"", "more_body": False}]
-    status, chunks = 500, []
-
-    async def receive() -> dict[str, Any]:
-        if pending:
-            return pending.pop()
-        await asyncio.Event().wait()  # the app asked for more: nothing will come
-        raise AssertionError("unreachable")
-
-    async def send(message: dict[str, Any]) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    server_error = ""
-    try:
-        await app(scope, receive, send)
-    except Exception as exc:  # Starlette answers 500 and then re-raises: keep the traceback for logs
-        server_error = f"{type(exc).__name__}: {exc}\n{_short_tb()}"
-        if not chunks:
-            chunks.append(b"Internal Server Error")
-    except CallInterrupted:
-        status, chunks = 500, [b"Internal Server Error: the call ran past its time limit and was interrupted"]
-        server_error = f"CallInterrupted: ran past its soft deadline\n{_short_tb()}"
-    return status, b"".join(chunks), server_error
 
 
 async def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, name: str, arguments: Any) -> Observation:
@@ -292,7 +255,7 @@ async def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, name: 
                            kind="invalid_arguments")
     req = build_request(tool, arguments)
     with db.use(env, router):  # the worker serves one request at a time, so no other call interleaves
-        status, body, server_error = await _asgi_call(env.app, req.method, req.path, req.query_string, req.body)
+        status, body, server_error = await env.dispatcher.call(req, tool.path)
     obs = observation_from_response(name, status, body)
     obs.detail = server_error
     obs.latency_s = time.perf_counter() - t0

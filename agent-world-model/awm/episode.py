@@ -110,6 +110,8 @@ class EnvRuntime:
     Containment: `sandbox_workers` locks each worker down (turn off only to measure its cost);
     `worker_memory_limit_mb` recycles a worker past that peak RSS once its episodes are closed;
     `load_attempts` imports that crash or hang a worker before the scenario is refused.
+    `direct_dispatch=False` sends every tool call through the app's ASGI stack instead of straight
+    to its endpoint (`awm.dispatch`; same answers, slower): turn off only to compare the two.
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, num_workers: int | None = None,
@@ -118,7 +120,7 @@ class EnvRuntime:
                  load_timeout_s: float = 120.0, verifier_timeout_s: float = 10.0,
                  verifier_rule: str = "last_valid", exclude: Any = (), dataset: AWMDataset | None = None,
                  sandbox_workers: bool = True, worker_memory_limit_mb: int | None = 2048,
-                 load_attempts: int = 1) -> None:
+                 load_attempts: int = 1, direct_dispatch: bool = True) -> None:
         cache = Path(cache_dir) if cache_dir else default_cache_dir()
         self.dataset = dataset or AWMDataset(data_dir or bundled_data_dir(), verifier_rule=verifier_rule,
                                              cache_dir=cache, exclude=exclude)
@@ -132,7 +134,7 @@ class EnvRuntime:
         # Episode files live in RAM (/dev/shm): delete them even if close() is never called.
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.episode_dir), True)
         self.pool = WorkerPool(num_workers, scratch_dir=self.episode_dir, read_dirs=(str(self.templates.root),),
-                               lockdown=sandbox_workers,
+                               lockdown=sandbox_workers, direct_dispatch=direct_dispatch,
                                memory_limit_bytes=worker_memory_limit_mb and worker_memory_limit_mb << 20)
         if load_attempts < 1:
             raise ValueError(f"load_attempts={load_attempts}: use 1 or more (1 refuses a scenario after the "

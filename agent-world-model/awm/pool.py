@@ -128,11 +128,13 @@ class WorkerPool:
 
     def __init__(self, num_workers: int | None = None, *, max_scenarios: int = 64,
                  scratch_dir: str | os.PathLike[str] | None = None, read_dirs: tuple[str, ...] = (),
-                 lockdown: bool = True, memory_limit_bytes: int | None = 2 << 30) -> None:
+                 lockdown: bool = True, memory_limit_bytes: int | None = 2 << 30,
+                 direct_dispatch: bool = True) -> None:
         self.num_workers = num_workers or max(1, min(os.cpu_count() or 1, 8))
         self.scratch_dir = str(scratch_dir or tempfile.gettempdir())  # owner deletes it: killed workers can't
         self.read_dirs = tuple(str(d) for d in read_dirs)  # what workers may read besides Python itself
         self.lockdown = lockdown
+        self.direct_dispatch = direct_dispatch  # False: every call over ASGI (awm.dispatch), to compare
         self.memory_limit_bytes = memory_limit_bytes  # peak RSS past which a worker is recycled between episodes
         self.recycles = 0
         self.max_scenarios = max_scenarios
@@ -165,7 +167,8 @@ class WorkerPool:
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(__file__)),
                                                         env.get("PYTHONPATH", "")] if p)
         env["TMPDIR"] = workdir  # SQLite's and tempfile's scratch files stay where the worker may write
-        config = json.dumps({"dir": workdir, "read": self.read_dirs, "lockdown": self.lockdown})
+        config = json.dumps({"dir": workdir, "read": self.read_dirs, "lockdown": self.lockdown,
+                             "direct_dispatch": self.direct_dispatch})
         # cwd is the worker's dir: `-m` puts it first on sys.path, and sys.path entries are readable
         slot.proc = subprocess.Popen([sys.executable, "-m", "awm.worker", str(child_sock.fileno()), config],
                                      pass_fds=(child_sock.fileno(),), env=env, start_new_session=True,

@@ -42,7 +42,7 @@ log = logging.getLogger("awm.worker")
 class Worker:
     """All state of one worker process; `handle` serves one request."""
 
-    def __init__(self, scratch_root: str | None = None) -> None:
+    def __init__(self, scratch_root: str | None = None, direct_dispatch: bool = True) -> None:
         self.router = EpisodeRouter()
         self.envs: dict[str, LoadedEnv] = {}
         self.sources: dict[str, tuple[str, str, list | None]] = {}  # scenario -> code, template, tools
@@ -54,6 +54,7 @@ class Worker:
         route_sqlite_connect(self.database_path, self.router.path)
         self.protections: dict[str, Any] = {}
         self.deadline = CallDeadline()
+        self.direct_dispatch = direct_dispatch
 
     # ops -----------------------------------------------------------------------------
     def op_ping(self, _: dict) -> dict:
@@ -74,7 +75,7 @@ class Worker:
         scratch = os.path.join(self.scratch, f"{scenario}.db")
         shutil.copyfile(template, scratch)
         try:
-            return load_env(scenario, code, self.router, scratch, tools, self.database_path)
+            return load_env(scenario, code, self.router, scratch, tools, self.database_path, self.direct_dispatch)
         finally:
             os.unlink(scratch)
 
@@ -172,7 +173,7 @@ async def serve(sock: socket.socket, config: dict[str, Any]) -> None:
     """Lock down, then read frames and answer each in order; return when the parent closes the socket."""
     reader, writer = await asyncio.open_unix_connection(sock=sock)  # the event loop's own sockets exist now
     protections = lock_down(config)
-    worker, buffer = Worker(config.get("dir")), bytearray()
+    worker, buffer = Worker(config.get("dir"), config.get("direct_dispatch", True)), bytearray()
     worker.protections = protections
     try:
         while data := await reader.read(1 << 16):
