@@ -9,8 +9,7 @@ Modules that moved into those subpackages raise an error that names their new ho
 
 from __future__ import annotations
 
-import importlib.abc
-import sys
+from awm.moved import register
 
 MOVED = {
     "awm_grpo.progress": "awm_grpo.recovery.progress",
@@ -26,14 +25,4 @@ MOVED = {
 }
 
 
-class _MovedModules(importlib.abc.MetaPathFinder):
-    """Turns `import awm_grpo.compare` (or `python -m awm_grpo.compare`) into an error naming the new path."""
-
-    def find_spec(self, name: str, path: object, target: object = None) -> None:
-        if name in MOVED:
-            raise ModuleNotFoundError(f"{name} moved to {MOVED[name]}: use that path (import or python -m)", name=name)
-        return None
-
-
-if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
+register(MOVED)

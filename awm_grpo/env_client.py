@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from awm.server_limits import TOKEN_ENV
+from awm.serve.limits import TOKEN_ENV
 from awm.verifier import Verdict
 
 from awm_grpo.http_pool import HttpError, HttpPool, Origin
@@ -116,7 +116,7 @@ class InProcessEnv:
         self.tools = episode.tools
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        from awm.pool import InfraError
+        from awm.runtime.pool import InfraError
 
         try:
             obs = await self.episode.call(name, arguments)
@@ -142,7 +142,7 @@ class InProcessEnv:
 
     async def load_state(self, path: str) -> None:
         """Start from a saved DB state (controlled recovery split) instead of the initial DB."""
-        from awm.pool import InfraError
+        from awm.runtime.pool import InfraError
 
         try:
             await self.episode.load_state(path)
@@ -150,7 +150,7 @@ class InProcessEnv:
             raise EnvInfraError(f"loading state {path}: {exc}") from exc
 
     async def verify(self, final_answer: str | None) -> Verdict:
-        from awm.pool import InfraError
+        from awm.runtime.pool import InfraError
 
         try:
             return await self.episode.verify(final_answer)
@@ -197,7 +197,7 @@ class McpEnv:
         self.http = http or _http()
         self.origin = Origin.parse(self.base)
         self.tools: list[dict[str, Any]] = []
-        # A server bound off loopback requires its bearer token (awm.server_limits.TOKEN_ENV) on every request.
+        # A server bound off loopback requires its bearer token (awm.serve.limits.TOKEN_ENV) on every request.
         token = os.environ.get(TOKEN_ENV)
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self.session = McpSession(self.http, self.url, token=token, timeout_s=timeout_s)
@@ -269,7 +269,7 @@ async def open_env(cfg: EnvConfig, scenario: str, task_idx: int) -> EnvSession:
     if cfg.transport == "mcp":
         url = cfg.mcp_urls[next(_NEXT_URL) % len(cfg.mcp_urls)]
         return await McpEnv(url, scenario, task_idx, cfg.tool_timeout_s + cfg.verifier_timeout_s).start()
-    from awm.pool import InfraError
+    from awm.runtime.pool import InfraError
 
     try:
         episode = await _runtime(cfg).open(scenario, task_idx)

@@ -6,7 +6,7 @@ Run by `env_throughput.py` in a separate process (generated code stays out of th
 process, as in a worker). Per tool it reports the CPU microseconds of:
 - `endpoint`: the route's endpoint function called directly with arguments FastAPI validated
   beforehand, inside the episode's DB binding: the handler's own cost, what no dispatch can go below;
-- `direct` / `asgi`: `awm.envapp.call_tool` (schema check, dispatch, observation) each way, under the
+- `direct` / `asgi`: `awm.runtime.envapp.call_tool` (schema check, dispatch, observation) each way, under the
   call deadline, as a worker runs it (no socket, no caller).
 Each figure is the best of several rounds of thread CPU time (other processes on a busy machine
 inflate every round; the best round is the closest to the code's own cost).
@@ -25,10 +25,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from awm.data import AWMDataset
-from awm.deadline import CallDeadline
-from awm.dispatch import Dispatcher
-from awm.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env
-from awm.isolation import route_sqlite_connect
+from awm.runtime.deadline import CallDeadline
+from awm.runtime.dispatch import Dispatcher
+from awm.runtime.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env
+from awm.runtime.isolation import route_sqlite_connect
 from awm.tools import build_request
 from fastapi.dependencies.utils import request_params_to_args
 from starlette.datastructures import QueryParams

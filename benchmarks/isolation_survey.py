@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/isolation_survey.py [--data-dir DIR ...]
 
 For each scenario with environment code: the module-level names its functions change
-(`awm.isolation.module_state`), whether the code patches shared libraries (refused at load), the
+(`awm.runtime.isolation.module_state`), whether the code patches shared libraries (refused at load), the
 import time in a worker (what a private-module episode pays at every open) and the open latency of
 an episode on the shared module.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from awm.data import AWMDataset, bundled_data_dir
 from awm.episode import EnvRuntime
-from awm.isolation import module_state
-from awm.pool import EnvLoadError
+from awm.runtime.isolation import module_state
+from awm.runtime.pool import EnvLoadError
 
 
 async def survey(data_dir: Path, cache: Path) -> list[tuple[str, str, str, str, str]]:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from awm import moved
 
 import awm_grpo
 
@@ -131,9 +134,21 @@ def test_the_loop_finder_finds_a_hidden_loop(tmp_path):
     assert cycles(edges) == []
 
 
-@pytest.mark.parametrize("old", sorted(awm_grpo.MOVED))
+MOVED = {**moved.MOVED, **awm_grpo.MOVED}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
 def test_a_moved_module_names_its_new_home(old: str) -> None:
-    """Old import paths and `python -m` commands fail with the new path, and the new path exists."""
-    with pytest.raises(ModuleNotFoundError, match=f"moved to {awm_grpo.MOVED[old]}"):
+    """Old import paths fail with the new path, and the new path exists. (Registered here because pytest's
+    rootdir on sys.path makes tests/awm shadow the `awm` package, whose __init__ registers them.)"""
+    moved.register(moved.MOVED)
+    with pytest.raises(ModuleNotFoundError, match=f"moved to {MOVED[old]}"):
         importlib.import_module(old)
-    importlib.import_module(awm_grpo.MOVED[old])
+    importlib.import_module(MOVED[old])
+
+
+@pytest.mark.parametrize("old", ["awm.mcp_server", "awm_grpo.compare"])
+def test_python_m_on_a_moved_module_names_its_new_home(old: str) -> None:
+    """What a user typing an old command sees: the packages' own __init__ registers the moves."""
+    out = subprocess.run([sys.executable, "-m", old, "--help"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode != 0 and f"moved to {MOVED[old]}" in out.stderr

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from awm.server_limits import add_limit_arguments, limits_from
+from awm.serve.limits import add_limit_arguments, limits_from
 
 log = logging.getLogger("awm")
 
@@ -57,7 +57,7 @@ def cmd_data_info(args: argparse.Namespace) -> int:
 
 # ---- env ----------------------------------------------------------------------------------
 def cmd_env_start(args: argparse.Namespace) -> int:
-    from awm.mcp_server import run_server
+    from awm.serve.mcp_server import run_server
     run_server(_data_dir(args), args.scenario, args.host, args.port, args.workers,
                scenarios=args.also or None, limits=limits_from(args))
     return 0
@@ -65,7 +65,7 @@ def cmd_env_start(args: argparse.Namespace) -> int:
 
 def cmd_env_check(args: argparse.Namespace) -> int:
     from awm.episode import EnvRuntime
-    from awm.pool import InfraError
+    from awm.runtime.pool import InfraError
 
     async def main() -> int:
         with EnvRuntime(_data_dir(args), num_workers=1) as runtime:

@@ -9,7 +9,7 @@
     await ep.close()
 
 Every episode owns a private copy of its scenario's template DB; the environment code runs
-in worker processes (`awm.pool`); verifiers run in a sandbox process (`awm.verifier`).
+in worker processes (`awm.runtime.pool`); verifiers run in a sandbox process (`awm.verifier`).
 Failures of the machinery raise `InfraError` subclasses and mark the episode
 (`ep.infra_error`), so a trainer can drop it instead of scoring it 0; mistakes of the agent
 (unknown tool, bad arguments, HTTP errors) come back as error observations.
@@ -43,7 +43,7 @@ from awm.database import (
     state_hash,
 )
 from awm.judge import JudgeConfig, SqlJudge
-from awm.pool import EnvLoadError, InfraError, WorkerPool, WorkerRequestError, WorkerSlot
+from awm.runtime.pool import EnvLoadError, InfraError, WorkerPool, WorkerRequestError, WorkerSlot
 from awm.tools import Observation, ToolSpec
 from awm.verifier import Verdict, VerifierSandbox, strip_thinking
 
@@ -111,7 +111,7 @@ class EnvRuntime:
     `worker_memory_limit_mb` recycles a worker past that peak RSS once its episodes are closed;
     `load_attempts` imports that crash or hang a worker before the scenario is refused.
     `direct_dispatch=False` sends every tool call through the app's ASGI stack instead of straight
-    to its endpoint (`awm.dispatch`; same answers, slower): turn off only to compare the two.
+    to its endpoint (`awm.runtime.dispatch`; same answers, slower): turn off only to compare the two.
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, num_workers: int | None = None,

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from awm.episode import EnvRuntime
-from awm.pool import InfraError
+from awm.runtime.pool import InfraError
 from awm.tools import ToolSpec
 
 _PLACEHOLDER = {"integer": 1, "number": 1.0, "boolean": False, "string": "test", "array": [], "object": {}}

@@ -1,7 +1,7 @@
 """What runs inside the verifier sandbox: the helper process and the child it forks per verifier.
 
 The kernel protections (`Lockdown`: network namespace, Landlock, seccomp, dropped capabilities) are
-also what an environment worker (`awm.worker`) applies to itself, with a writable directory of its
+also what an environment worker (`awm.runtime.worker`) applies to itself, with a writable directory of its
 own and threads allowed.
 
 `awm.verifier` starts this file as `python -I sandbox.py CONFIG` (isolated mode: no user site, no
@@ -252,7 +252,7 @@ def _last_capability() -> int:
 class Lockdown:
     """The kernel protections available here, built once and applied by a process to itself.
 
-    An environment worker (`awm.worker`) builds and applies its own with `writable` (its episode
+    An environment worker (`awm.runtime.worker`) builds and applies its own with `writable` (its episode
     files) and `threads` (FastAPI runs sync handlers in a thread pool). The verifier helper builds
     one and each forked child applies it in two steps: `prepare` while it waits (everything but the
     Landlock restriction, plus a ruleset of its own), then `confine` once its request names the one

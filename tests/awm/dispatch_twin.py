@@ -29,12 +29,12 @@ import types
 from pathlib import Path
 from typing import Any
 
-from awm.deadline import CallDeadline
-from awm.dispatch import Dispatcher
-from awm.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env
 from awm.episode import EnvRuntime
 from awm.health import probe_arguments
-from awm.isolation import route_sqlite_connect
+from awm.runtime.deadline import CallDeadline
+from awm.runtime.dispatch import Dispatcher
+from awm.runtime.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env
+from awm.runtime.isolation import route_sqlite_connect
 from awm.solutions import load_probes, load_solutions
 from awm.tools import HttpRequest, ToolSpec, build_request
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from awm.episode import EnvRuntime
-from awm.pool import EnvLoadError, InfraError
+from awm.runtime.pool import EnvLoadError, InfraError
 from conftest import FAULT_APP, write_scenarios
 
 EXTRA_ROUTES = """

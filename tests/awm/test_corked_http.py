@@ -1,4 +1,4 @@
-"""awm.corked_http: the MCP server sends each reply, head and body, in one send().
+"""awm.serve.corked_http: the MCP server sends each reply, head and body, in one send().
 
 Read on a raw socket: a reply sent in one send() of a few KB is in the receive buffer whole when
 the first recv() returns, so each recv() below must hold a complete reply (with uvicorn's own

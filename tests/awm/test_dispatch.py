@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 from awm.data import AWMDataset, bundled_data_dir
-from awm.dispatch import Dispatcher
 from awm.episode import EnvRuntime
+from awm.runtime.dispatch import Dispatcher
 from awm.tools import HttpRequest
 from conftest import FAULT_APP, write_scenarios
 from fastapi import FastAPI

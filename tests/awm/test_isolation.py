@@ -9,8 +9,8 @@ import sqlite3
 
 import pytest
 from awm.episode import EnvRuntime
-from awm.isolation import module_state
-from awm.pool import EnvLoadError
+from awm.runtime.isolation import module_state
+from awm.runtime.pool import EnvLoadError
 from conftest import FAULT_APP, write_scenarios
 
 DEFERRING_ROUTES = """

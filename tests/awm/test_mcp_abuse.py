@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 from awm import episode as episode_module
-from awm import mcp_server
 from awm.episode import EnvRuntime
+from awm.serve import mcp_server
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from test_mcp_server import ServerThread
 
@@ -71,7 +71,7 @@ def test_non_loopback_server_requires_its_token(given):
     env.pop("AWM_MCP_TOKEN", None)
     if given:
         env["AWM_MCP_TOKEN"] = given
-    proc = subprocess.Popen([sys.executable, "-m", "awm.mcp_server", "--scenario", SCENARIO, "--host", "0.0.0.0",
+    proc = subprocess.Popen([sys.executable, "-m", "awm.serve.mcp_server", "--scenario", SCENARIO, "--host", "0.0.0.0",
                              "--port", "0", "--num-workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     try:
@@ -132,7 +132,7 @@ def test_server_start_removes_stale_dirs():
     stale.mkdir()
     (stale / "owner").write_text("999999999 1")  # no such process
     env = {**os.environ, "PYTHONPATH": str(REPO / "agent-world-model")}
-    proc = subprocess.Popen([sys.executable, "-m", "awm.mcp_server", "--scenario", SCENARIO, "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "awm.serve.mcp_server", "--scenario", SCENARIO, "--port", "0",
                              "--num-workers", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout.readline().startswith("AWM MCP server for")

@@ -1,4 +1,4 @@
-"""awm.mcp_server through real components: uvicorn on 127.0.0.1 port 0 and the official mcp client.
+"""awm.serve.mcp_server through real components: uvicorn on 127.0.0.1 port 0 and the official mcp client.
 
 One server (a background thread with its own event loop and EnvRuntime) serves every bundled
 scenario with project_tracker_1 as the default. The facts used below were read off the bundled
@@ -25,7 +25,7 @@ import httpx
 import httpx2
 import pytest
 from awm.episode import EnvRuntime
-from awm.mcp_server import serve
+from awm.serve.mcp_server import serve
 from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -270,7 +270,7 @@ def test_infrastructure_failure_is_a_tool_error_and_closes_the_episode(server: S
 
 
 @pytest.mark.parametrize("command", [
-    ["awm.mcp_server", "--scenario", "library_lending_1", "--port", "0", "--num-workers", "1"],
+    ["awm.serve.mcp_server", "--scenario", "library_lending_1", "--port", "0", "--num-workers", "1"],
     ["awm.cli", "env", "start", "--scenario", "library_lending_1", "--port", "0", "--workers", "1"],  # `awm env start`
 ], ids=["module", "awm-env-start"])
 def test_entry_points_serve_and_stop_on_sigterm(tmp_path: Path, command: list[str]) -> None:

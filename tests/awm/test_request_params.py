@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any
 
-from awm.request_params import ParamReader
+from awm.runtime.request_params import ParamReader
 from fastapi import FastAPI, Path, Query
 from fastapi.dependencies.utils import request_params_to_args
 from pydantic import AliasChoices, BaseModel, Json

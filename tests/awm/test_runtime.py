@@ -9,7 +9,7 @@ import time
 
 import pytest
 from awm.episode import EnvRuntime
-from awm.pool import LOAD_PENALTY, EnvLoadError, InfraError, ToolTimeout, WorkerCrashed
+from awm.runtime.pool import LOAD_PENALTY, EnvLoadError, InfraError, ToolTimeout, WorkerCrashed
 
 
 def run(coro):

@@ -1,6 +1,6 @@
 """The rollout's lean MCP client against real servers on 127.0.0.1, checked with the official package's models.
 
-The project's server (awm.mcp_server.serve, bundled data, project_tracker_1 by default: issue 7
+The project's server (awm.serve.mcp_server.serve, bundled data, project_tracker_1 by default: issue 7
 carries only the label 'bug', and label 6 is 'regression') answers in JSON; the official SDK's own
 server in SSE mode (json_response=False) answers in event streams. Every request the lean client
 sends and every JSON reply it reads is validated with `mcp_types` (the `mcp` package's models), so
@@ -21,8 +21,8 @@ import mcp_types
 import pytest
 import uvicorn
 from awm.episode import EnvRuntime
-from awm.mcp_server import serve
-from awm.server_limits import TOKEN_ENV
+from awm.serve.limits import TOKEN_ENV
+from awm.serve.mcp_server import serve
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp_types.jsonrpc import jsonrpc_message_adapter

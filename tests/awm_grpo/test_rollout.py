@@ -265,7 +265,7 @@ def _serve_in_thread(**serve_kwargs):
     import threading
 
     from awm.episode import EnvRuntime
-    from awm.mcp_server import serve
+    from awm.serve.mcp_server import serve
 
     box: dict = {}
     ready = threading.Event()
@@ -315,9 +315,9 @@ def test_mcp_transport_gives_the_same_episode_as_in_process(tiny_model_dir, engi
 
 
 def test_a_server_off_loopback_is_reached_with_its_token(tiny_model_dir, engine, tmp_path, monkeypatch):
-    """A server bound to 0.0.0.0 wants its bearer token (awm.server_limits.TOKEN_ENV) on every request: the
+    """A server bound to 0.0.0.0 wants its bearer token (awm.serve.limits.TOKEN_ENV) on every request: the
     rollout sends it from the environment, and without it the episode is an infra failure that says so."""
-    from awm.server_limits import TOKEN_ENV
+    from awm.serve.limits import TOKEN_ENV
 
     for base in _serve_in_thread(host="0.0.0.0", token="s3cret-token"):
         url = base.replace("0.0.0.0", "127.0.0.1")

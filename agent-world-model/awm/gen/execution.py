@@ -21,7 +21,7 @@ from typing import Any
 from awm.episode import EnvRuntime, Episode
 from awm.gen.arguments import SampleValues, candidate_arguments
 from awm.gen.checks import Invalid
-from awm.pool import InfraError
+from awm.runtime.pool import InfraError
 from awm.verifier import VerifierSandbox, code_verdict
 
 

@@ -1,6 +1,6 @@
 """A pool of environment worker processes, seen from the caller's (asyncio) side.
 
-Each worker (`awm.worker`) is a separate Python process with an allow-listed environment.
+Each worker (`awm.runtime.worker`) is a separate Python process with an allow-listed environment.
 The pool talks to it over a socketpair registered with the running event loop: replies are
 parsed in the loop itself and resolve the waiting futures directly (no helper threads, few
 system calls per tool call). A watchdog task enforces per-request deadlines: a worker whose
@@ -31,7 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from awm import wire
+from awm.runtime import wire
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class WorkerPool:
         self.scratch_dir = str(scratch_dir or tempfile.gettempdir())  # owner deletes it: killed workers can't
         self.read_dirs = tuple(str(d) for d in read_dirs)  # what workers may read besides Python itself
         self.lockdown = lockdown
-        self.direct_dispatch = direct_dispatch  # False: every call over ASGI (awm.dispatch), to compare
+        self.direct_dispatch = direct_dispatch  # False: every call over ASGI (awm.runtime.dispatch), to compare
         self.memory_limit_bytes = memory_limit_bytes  # peak RSS past which a worker is recycled between episodes
         self.recycles = 0
         self.max_scenarios = max_scenarios
@@ -170,7 +170,7 @@ class WorkerPool:
         config = json.dumps({"dir": workdir, "read": self.read_dirs, "lockdown": self.lockdown,
                              "direct_dispatch": self.direct_dispatch})
         # cwd is the worker's dir: `-m` puts it first on sys.path, and sys.path entries are readable
-        slot.proc = subprocess.Popen([sys.executable, "-m", "awm.worker", str(child_sock.fileno()), config],
+        slot.proc = subprocess.Popen([sys.executable, "-m", "awm.runtime.worker", str(child_sock.fileno()), config],
                                      pass_fds=(child_sock.fileno(),), env=env, start_new_session=True,
                                      stdin=subprocess.DEVNULL, cwd=workdir)
         child_sock.close()

@@ -6,7 +6,7 @@ direct path compiles each tool's route once and then, per call, does what FastAP
 handler (`fastapi.routing.get_request_handler`) does for such a route, with FastAPI's functions:
 
     path and query params  -> request_params_to_args        (the strings the ASGI path would see;
-                                                             compiled per route: `awm.request_params`)
+                                                             compiled per route: `awm.runtime.request_params`)
     JSON body              -> json.loads, request_body_to_args
     errors                 -> RequestValidationError -> the app's handler -> 422
     endpoint(**values)     -> serialize_response (the route's response field) -> response class
@@ -68,8 +68,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from awm.deadline import CallInterrupted
-from awm.request_params import ParamReader
+from awm.runtime.deadline import CallInterrupted
+from awm.runtime.request_params import ParamReader
 from awm.tools import HttpRequest
 
 Reply = tuple[int, bytes, str]  # status, body, server-side traceback ("" unless the app failed)

@@ -1,6 +1,6 @@
 """Run AWM's generated FastAPI code against per-episode SQLite databases (worker side).
 
-This module is only imported inside worker processes (`awm.worker`): generated code never
+This module is only imported inside worker processes (`awm.runtime.worker`): generated code never
 runs in the caller's process.
 
 How one module serves many episodes: while the generated code is imported, SQLAlchemy's
@@ -14,7 +14,7 @@ as upstream's pool does when a session is dropped.
 We do not rewrite the code's text (upstream replaces whole lines, which breaks on multi-line
 calls); we load the module and hand requests to its `app` object in-process: straight to the
 route's endpoint where FastAPI's handling of that route can be reproduced exactly, else over
-ASGI (`awm.dispatch`).
+ASGI (`awm.runtime.dispatch`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import sqlalchemy
 import sqlalchemy.engine
 from sqlalchemy.pool import StaticPool
 
-from awm.deadline import ENV_CODE_PREFIX, CallDeadline
-from awm.dispatch import Dispatcher, short_traceback
-from awm.isolation import guarded_import, module_state
+from awm.runtime.deadline import ENV_CODE_PREFIX, CallDeadline
+from awm.runtime.dispatch import Dispatcher, short_traceback
+from awm.runtime.isolation import guarded_import, module_state
 from awm.tools import Observation, ToolSpec, build_request, observation_from_response, tools_from_openapi
 
 
@@ -162,7 +162,7 @@ def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str,
     `known_tools` (the same code's tool specs, derived by another worker) skips building the
     OpenAPI document, about half of a load. `database_path`: what $DATABASE_PATH names for the
     code (a path `route_sqlite_connect` sends to the current call's DB); default `scratch_db`.
-    A module that patches shared library code at import is refused (see `awm.isolation`).
+    A module that patches shared library code at import is refused (see `awm.runtime.isolation`).
     `direct=False` sends every call over ASGI (to compare the two paths).
     """
     if not code or not code.strip():

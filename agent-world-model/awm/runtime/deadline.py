@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-ENV_CODE_PREFIX = "<awm env "  # the filename generated code is compiled under (awm.envapp.load_env)
+ENV_CODE_PREFIX = "<awm env "  # the filename generated code is compiled under (awm.runtime.envapp.load_env)
 _POLL_S = 0.05
 _SQLITE_CHECK_EVERY = 10_000  # virtual machine instructions between deadline checks
 

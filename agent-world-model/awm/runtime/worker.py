@@ -1,6 +1,6 @@
 """The environment worker process: hosts scenario apps and the episode DB connections.
 
-Started by `awm.pool.WorkerPool` as `python -m awm.worker <fd> <config>` with an allow-listed
+Started by `awm.runtime.pool.WorkerPool` as `python -m awm.runtime.worker <fd> <config>` with an allow-listed
 environment (generated code never sees API keys). Before serving, the worker locks itself down
 with the verifier sandbox's pieces (`awm.sandbox.Lockdown`): generated code runs in a process
 with no network, no capabilities, no new processes (threads only), no sockets, no ptrace, and,
@@ -30,13 +30,13 @@ import tempfile
 import traceback
 from typing import Any
 
-from awm import wire
-from awm.deadline import CallDeadline
-from awm.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env, unload_env
-from awm.isolation import cancel_new_tasks, route_sqlite_connect
+from awm.runtime import wire
+from awm.runtime.deadline import CallDeadline
+from awm.runtime.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env, unload_env
+from awm.runtime.isolation import cancel_new_tasks, route_sqlite_connect
 from awm.sandbox import Lockdown
 
-log = logging.getLogger("awm.worker")
+log = logging.getLogger("awm.runtime.worker")
 
 
 class Worker:

@@ -21,7 +21,7 @@ Beside MCP, a JSON control plane the agent never sees lets a remote rollout fini
 The session id is the `mcp-session-id` header of the initialize reply; mcp 2.3's client does not
 expose it, so read it with an httpx2 response hook (as tests/awm/test_mcp_server.py does).
 
-Command line: `python -m awm.mcp_server --scenario S [--data-dir D] [--host H] [--port P]
+Command line: `python -m awm.serve.mcp_server --scenario S [--data-dir D] [--host H] [--port P]
 [--max-sessions N] [--session-idle-timeout S]`.
 
 Exposure: bound to a non-loopback address, every request must carry `Authorization: Bearer
@@ -62,11 +62,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from awm.corked_http import CorkedHttpProtocol
 from awm.data import normalize_scenario_name
 from awm.episode import EnvRuntime, Episode, Snapshot, remove_stale_episode_dirs
-from awm.pool import InfraError
-from awm.server_limits import (
+from awm.runtime.pool import InfraError
+from awm.serve.corked_http import CorkedHttpProtocol
+from awm.serve.limits import (
     MAX_SESSIONS,
     SESSION_IDLE_TIMEOUT_S,
     TOKEN_ENV,
@@ -183,7 +183,7 @@ def _on_session_end(ctx: ServerRequestContext[Any, Any], callback: Callable[[], 
     connection = getattr(ctx.session, "_connection", None)
     if connection is None or not hasattr(connection, "exit_stack"):
         raise RuntimeError("this mcp SDK does not expose the session's Connection as mcp 2.3 does: "
-                           "install mcp==2.3.* or adapt awm.mcp_server._on_session_end")
+                           "install mcp==2.3.* or adapt awm.serve.mcp_server._on_session_end")
     connection.exit_stack.push_async_callback(callback)
 
 
@@ -541,7 +541,7 @@ async def serve(runtime: EnvRuntime, scenario: str, *, host: str = "127.0.0.1", 
         return
     app = build_app(runtime, scenarios, scenario, allowed_hosts=LOOPBACK_HOST_HEADERS if loopback else None,
                     session_idle_timeout_s=session_idle_timeout_s, max_sessions=max_sessions, token=token)
-    # One send() per reply (awm.corked_http); no proxy headers: nothing here reads client addresses.
+    # One send() per reply (awm.serve.corked_http); no proxy headers: nothing here reads client addresses.
     server = _Uvicorn(uvicorn.Config(app, host=host, port=port, loop="asyncio", http=CorkedHttpProtocol,
                                      proxy_headers=False, log_level="warning", access_log=False, lifespan="on",
                                      timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
@@ -603,7 +603,7 @@ def run_server(data_dir: str | None, scenario: str, host: str, port: int, num_wo
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m awm.mcp_server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m awm.serve.mcp_server", description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", required=True, help="the scenario served at /mcp")
     parser.add_argument("--data-dir", default=None, help="AWM-1K data directory (default: the bundled scenarios)")
     parser.add_argument("--host", default="127.0.0.1")

@@ -1,5 +1,5 @@
 """How much an MCP server lets its clients hold, and who may talk to it: flags shared by the two entry
-points (`python -m awm.mcp_server`, `awm env start`), kept apart from the server so the CLI stays light."""
+points (`python -m awm.serve.mcp_server`, `awm env start`), kept apart from the server so the CLI stays light."""
 
 from __future__ import annotations
 
