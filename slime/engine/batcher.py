@@ -157,6 +157,8 @@ class Batcher:
         self.weight_version = "0"
         self._version_counter = 0
         self._eos_ids = self._eos_token_ids()
+        # read once: a HF config attribute read costs microseconds, per request per decode step
+        self._max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self._counter = itertools.count()
         self._cond = threading.Condition()
         self._pending: deque[_Request] = deque()
@@ -456,10 +458,10 @@ class Batcher:
         self.stats["generated_tokens"] += len(self._active)
         self.stats["max_running_reqs"] = max(self.stats["max_running_reqs"], len(self._active))
         kept = []
-        for row, request in enumerate(self._active):
-            token = int(tokens[row])
+        for row, (request, token, logprob) in enumerate(zip(self._active, tokens.tolist(), logprobs.tolist(),
+                                                            strict=True)):
             request.output_ids.append(token)
-            request.logprobs.append(float(logprobs[row]))
+            request.logprobs.append(logprob)
             reason = self._finish_reason(request, token)
             if reason is None:
                 kept.append(row)
@@ -492,9 +494,13 @@ class Batcher:
                 logits[row, torch.tensor(sorted(request.stop_ids))] = float("-inf")
         temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in self._active])
         logprobs = torch.log_softmax(logits / temps.view(-1, 1), dim=-1)
-        tokens = torch.empty(len(self._active), dtype=torch.long)
+        tokens = logprobs.argmax(dim=-1)  # greedy rows keep theirs
+        plain = [row for row, r in enumerate(self._active) if not r.params.greedy and not _truncates(r.params)]
+        if plain:  # one batched draw: per-row ops cost as much as the decode forward for a small model
+            tokens[plain] = _race([self._active[row].generator for row in plain], logprobs[plain].exp())
         for row, request in enumerate(self._active):
-            tokens[row] = _sample_row(logprobs[row], request.params, request.generator)
+            if not request.params.greedy and _truncates(request.params):
+                tokens[row] = _sample_row(logprobs[row], request.params, request.generator)
         return tokens, logprobs.gather(1, tokens.view(-1, 1)).squeeze(1)
 
     def _finish_reason(self, request: _Request, token: int) -> dict[str, Any] | None:
@@ -508,7 +514,7 @@ class Batcher:
                     return {"type": "stop", "matched": stop}
         if len(request.output_ids) >= p.max_new_tokens:
             return {"type": "length", "length": p.max_new_tokens}
-        limit = getattr(self.model.config, "max_position_embeddings", None)
+        limit = self._max_positions
         if limit and len(request.prompt_ids) + len(request.output_ids) >= limit:
             return {"type": "length", "length": len(request.output_ids)}
         return None
@@ -573,6 +579,20 @@ class Batcher:
     def _load(model_path: str) -> torch.nn.Module:
         with _LOAD_LOCK:  # from_pretrained is not thread-safe: two engines in one process got meta tensors
             return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+def _truncates(params: SamplingParams) -> bool:
+    """Whether a request's draw truncates the distribution first (top-k, top-p or min-p)."""
+    return 0 < params.top_k or params.top_p < 1.0 or params.min_p > 0
+
+
+def _race(generators: list[torch.Generator], probs: torch.Tensor) -> torch.Tensor:
+    """The exponential race of `_sample_row` for a [B, V] block of untruncated rows at once:
+    argmax_v p_{b,v} / E_{b,v}, row b's E ~ Exp(1) drawn from generators[b] exactly as one row alone."""
+    noise = torch.empty_like(probs)
+    for row, generator in zip(noise, generators, strict=True):
+        row.exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
 
 
 def _sample_row(logprobs: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
