@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from slime.engine.inplace_load import load_in_place
 from slime.engine.prefix_cache import Hit, PrefixCache
 
 logger = logging.getLogger(__name__)
@@ -168,6 +169,7 @@ class Batcher:
         self._paused = False
         self._stopping = False
         self._released: set[str] = set()  # memory tags released, see release_memory
+        self._reallocated = False  # weights re-allocated uninitialised by resume_memory, buffers too
         self.stats = {"decode_steps": 0, "max_running_reqs": 0, "generated_tokens": 0}
         # Running batch: requests, KV cache, attention mask (B, T), next position (B,), logits (B, V).
         self._active: list[_Request] = []
@@ -350,13 +352,17 @@ class Batcher:
                 raise ValueError(f"unknown engine command {name!r}")
             if "weights" in self._released:
                 raise ReleasedError("the weights are released: resume_memory_occupation(['weights']) first")
-            model = self._load(kwargs["model_path"])
+            # Same architecture (every sync): copy into the served weights, no rebuild. Not after a
+            # resume: to_empty left the buffers that no folder holds (RoPE's inv_freq) uninitialised.
+            with _LOAD_LOCK:
+                in_place = not self._reallocated and load_in_place(self.model, kwargs["model_path"])
+            model = self.model if in_place else self._load(kwargs["model_path"])
             if model.config.vocab_size != self.model.config.vocab_size:
                 raise ValueError(
                     f"{kwargs['model_path']} has vocab {model.config.vocab_size}, the served model "
                     f"{self.model.config.vocab_size}: update_weights_from_disk needs the same architecture"
                 )
-            self.model = model
+            self.model, self._reallocated = model, False
             self.model_path = kwargs["model_path"]
             self.prefix_cache.clear()  # KV of the old weights
             self._version_counter += 1
@@ -382,6 +388,7 @@ class Batcher:
             raise ValueError(f"unknown memory tags {unknown}: use {list(MEMORY_TAGS)}")
         if "weights" in tags and "weights" in self._released:
             self.model.to_empty(device="cpu")
+            self._reallocated = True
         with self._cond:
             self._released -= set(tags)
 
