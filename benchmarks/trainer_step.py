@@ -10,19 +10,23 @@ by generating with the training model; `--no-sync` leaves it out). Both sides re
 ids (chosen so that TRL's text round-trips to them), generate exactly `gen-tokens` (ours ignore_eos,
 TRL min_new_tokens) and use fp32 and the same torch threads; tokens/s counts the prompt and
 completion tokens each step actually processed (TRL's from its `num_input_tokens_seen`) over the
-median step time after one warm-up step. Prints ours per phase, TRL when `trl` is importable (a
-benchmark-only dependency, benchmarks/requirements-trl.txt; nothing is installed here), the ratio.
+median step time after one warm-up step. With `trl` importable (a benchmark-only dependency,
+benchmarks/requirements-trl.txt; nothing is installed here) the steps interleave, TRL's step i then
+ours, so that on a shared machine both meet about the same load; it prints ours per phase, TRL and
+the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import random
 import re
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,43 +67,54 @@ def group_advantages(rewards: list[float]) -> list[float]:
     return ((r - r.mean()) / (r.std() + 1e-4)).tolist()
 
 
-def bench_ours(model_dir: Path, prompts: list[list[int]], n: int, gen_tokens: int, sync: bool) -> list[dict]:
-    """Per step: wall time, tokens processed and the time of each phase."""
-    engine = CPUEngine(str(model_dir), port=0, seed=0)
-    engine.start()
-    trainer = TorchTrainer(str(model_dir), TrainerConfig(lr=LR))
-    weights = DiskWeightSync(tempfile.mkdtemp(prefix="trainer-step-weights-"))
-    steps = []
-    try:
-        with httpx.Client(timeout=600, trust_env=False) as http:
-            for version, prompt in enumerate(prompts, start=1):
-                t0 = time.perf_counter()
-                reply = http.post(f"{engine.url}/generate", json={
-                    "input_ids": [prompt] * n, "return_logprob": True,
-                    "sampling_params": {"temperature": 1.0, "max_new_tokens": gen_tokens, "ignore_eos": True},
-                }).json()
-                t1 = time.perf_counter()
-                samples = [
-                    Sample(index=i, tokens=prompt + r["output_ids"], response_length=len(r["output_ids"]),
-                           rollout_log_probs=[lp for lp, _, _ in r["meta_info"]["output_token_logprobs"]])
-                    for i, r in enumerate(reply)
-                ]
-                advantages = group_advantages(rewards_of(n))
-                t2 = time.perf_counter()
-                trainer.train_step(samples, advantages)
-                t3 = time.perf_counter()
-                if sync:
-                    weights.sync(trainer, [engine], version=version)
-                t4 = time.perf_counter()
-                steps.append({"time": t4 - t0, "tokens": sum(len(s.tokens) for s in samples),
-                              "generate": t1 - t0, "samples": t2 - t1, "train_step": t3 - t2, "sync": t4 - t3})
-    finally:
-        engine.shutdown()
-    return steps
+class Ours:
+    """Our GRPO step: an in-process CPUEngine over HTTP, a TorchTrainer and the disk weight sync."""
+
+    def __init__(self, model_dir: Path, n: int, gen_tokens: int, sync: bool):
+        self.n, self.gen_tokens, self.sync = n, gen_tokens, sync
+        self.engine = CPUEngine(str(model_dir), port=0, seed=0)
+        self.engine.start()
+        self.trainer = TorchTrainer(str(model_dir), TrainerConfig(lr=LR))
+        self.weights = DiskWeightSync(tempfile.mkdtemp(prefix="trainer-step-weights-"))
+        self.http = httpx.Client(timeout=600, trust_env=False)
+        self.version = 0
+
+    def step(self, prompt: list[int]) -> dict:
+        """One step; returns its wall time, the tokens it processed and the time of each phase."""
+        t0 = time.perf_counter()
+        reply = self.http.post(f"{self.engine.url}/generate", json={
+            "input_ids": [prompt] * self.n, "return_logprob": True,
+            "sampling_params": {"temperature": 1.0, "max_new_tokens": self.gen_tokens, "ignore_eos": True},
+        }).json()
+        t1 = time.perf_counter()
+        samples = [
+            Sample(index=i, tokens=prompt + r["output_ids"], response_length=len(r["output_ids"]),
+                   rollout_log_probs=[lp for lp, _, _ in r["meta_info"]["output_token_logprobs"]])
+            for i, r in enumerate(reply)
+        ]
+        advantages = group_advantages(rewards_of(self.n))
+        t2 = time.perf_counter()
+        self.trainer.train_step(samples, advantages)
+        t3 = time.perf_counter()
+        if self.sync:
+            self.version += 1
+            self.weights.sync(self.trainer, [self.engine], version=self.version)
+        t4 = time.perf_counter()
+        return {"time": t4 - t0, "tokens": sum(len(s.tokens) for s in samples),
+                "generate": t1 - t0, "samples": t2 - t1, "train_step": t3 - t2, "sync": t4 - t3}
+
+    def close(self) -> None:
+        self.http.close()
+        self.engine.shutdown()
 
 
-def bench_trl(model_dir: Path, prompts: list[list[int]], n: int, gen_tokens: int) -> list[dict]:
-    """Per TRL GRPOTrainer step (generation + scoring + update): wall time and tokens processed."""
+def bench_trl(
+    model_dir: Path, prompts: list[list[int]], n: int, gen_tokens: int, after_step: Callable[[int], None]
+) -> list[dict]:
+    """Per TRL GRPOTrainer step (generation + scoring + update): wall time and tokens processed.
+
+    `after_step(i)` runs after step i is timed: ours runs its step i there, so that on a shared
+    machine each pair of steps meets about the same load."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -126,6 +141,7 @@ def bench_trl(model_dir: Path, prompts: list[list[int]], n: int, gen_tokens: int
         def on_step_end(self, args, state, control, **kwargs):
             steps[-1] = {"time": time.perf_counter() - steps[-1]["time"],
                          "tokens": state.num_input_tokens_seen - steps[-1]["tokens"]}
+            after_step(len(steps) - 1)
 
     trainer.add_callback(StepTimer())
     trainer.train()
@@ -163,21 +179,34 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tiny Qwen3 on CPU, fp32, {torch.get_num_threads()} torch threads; a step: {args.samples} x "
               f"({args.prompt_tokens} prompt + {args.gen_tokens} generated) tokens, median of {args.steps} "
               "steps after 1 warm-up")
-        ours_steps = bench_ours(model_dir, prompts, args.samples, args.gen_tokens, sync=not args.no_sync)
-        ours, ours_s, tokens = summarise(ours_steps)
+        ours = Ours(model_dir, args.samples, args.gen_tokens, sync=not args.no_sync)
+        ours_steps: list[dict] = []
+        try:
+            if importlib.util.find_spec("trl") is None:
+                ours_steps = [ours.step(prompt) for prompt in prompts]
+                trl_steps = None
+            else:  # interleaved: TRL step i, then our step i
+                def our_step(i: int) -> None:
+                    gc.collect()  # neither side's garbage is collected inside the other's timed step
+                    ours_steps.append(ours.step(prompts[i]))
+                    gc.collect()
+
+                trl_steps = bench_trl(model_dir, prompts, args.samples, args.gen_tokens, after_step=our_step)
+        finally:
+            ours.close()
+        rate, step_s, tokens = summarise(ours_steps)
         phases = ["generate", "samples", "train_step", "sync"]
         split = ", ".join(f"{p} {statistics.median(s[p] for s in ours_steps[1:]) * 1e3:.0f} ms" for p in phases)
-        print(f"ours: {ours:10.1f} tokens/s  ({tokens} tokens in {ours_s * 1e3:.0f} ms: {split})")
-        if importlib.util.find_spec("trl") is None:
+        print(f"ours: {rate:10.1f} tokens/s  ({tokens} tokens in {step_s * 1e3:.0f} ms: {split})")
+        if trl_steps is None:
             print("TRL comparison skipped: trl is not installed (benchmark-only dependency; nothing is "
                   "installed by this script)")
             return
-        trl, trl_s, trl_tokens = summarise(bench_trl(model_dir, prompts, args.samples, args.gen_tokens))
+        trl, trl_s, trl_tokens = summarise(trl_steps)
         print(f"TRL:  {trl:10.1f} tokens/s  ({trl_tokens} tokens in {trl_s * 1e3:.0f} ms: GRPOTrainer step)")
         if trl_tokens != tokens:
             raise RuntimeError(f"TRL processed {trl_tokens} tokens per step, ours {tokens}: not the same workload")
-        print(f"ratio ours / TRL = {ours / trl:.2f}")
-
+        print(f"ratio ours / TRL = {rate / trl:.2f}")
 
 if __name__ == "__main__":
     main()
