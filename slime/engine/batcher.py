@@ -363,6 +363,7 @@ class Batcher:
                     f"{self.model.config.vocab_size}: update_weights_from_disk needs the same architecture"
                 )
             self.model, self._reallocated = model, False
+            self._max_positions = getattr(model.config, "max_position_embeddings", None)
             self.model_path = kwargs["model_path"]
             self.prefix_cache.clear()  # KV of the old weights
             self._version_counter += 1
@@ -503,7 +504,7 @@ class Batcher:
         logprobs = torch.log_softmax(logits / temps.view(-1, 1), dim=-1)
         tokens = logprobs.argmax(dim=-1)  # greedy rows keep theirs
         plain = [row for row, r in enumerate(self._active) if not r.params.greedy and not _truncates(r.params)]
-        if plain:  # one batched draw: per-row ops cost as much as the decode forward for a small model
+        if plain:  # one divide and argmax for all rows; each row's noise still from its own generator
             tokens[plain] = _race([self._active[row].generator for row in plain], logprobs[plain].exp())
         for row, request in enumerate(self._active):
             if not request.params.greedy and _truncates(request.params):
