@@ -145,7 +145,13 @@ def entropy_from_logits(logits: Tensor, *, temperature: float = 1.0) -> Tensor:
     logits: [B, T, V]. Returns [B, T] (unmasked: aggregate with the loss mask).
     """
     z = logits.float() / temperature
-    return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+    return entropy_given_logsumexp(z, torch.logsumexp(z, dim=-1))
+
+
+def entropy_given_logsumexp(z: Tensor, lse: Tensor) -> Tensor:
+    """The same entropy from z = logits / temperature and its logsumexp, for a caller that already
+    has it (log-probs need it too): H = lse - sum_v exp(z_v - lse) z_v."""
+    return lse - (torch.exp(z - lse.unsqueeze(-1)) * z).sum(dim=-1)
 
 
 @dataclass(frozen=True)

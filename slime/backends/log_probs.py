@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from slime.algorithms.losses import entropy_from_logits
+from slime.algorithms.losses import entropy_given_logsumexp
 from slime.backends.batching import MicroBatch
 
 
@@ -58,10 +58,14 @@ class LogProbForward(torch.nn.Module):
             if softcap:
                 logits = torch.tanh(logits / softcap) * softcap
             z = logits / temperature
-            lp = z.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+            lse = torch.logsumexp(z, dim=-1)  # shared by the log-probs and the entropy
+            lp = z.gather(-1, target[:, None]).squeeze(-1) - lse
             if not with_entropy:
                 return lp, lp.new_zeros(0)
-            return lp, entropy_from_logits(logits if entropy_grad else logits.detach(), temperature=temperature)
+            if entropy_grad:
+                return lp, entropy_given_logsumexp(z, lse)
+            with torch.no_grad():
+                return lp, entropy_given_logsumexp(z, lse)
 
         lps, ents = [], []
         # At least one (possibly empty) chunk: the head always joins the graph, so every rank of a

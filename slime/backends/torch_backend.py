@@ -191,7 +191,11 @@ class TorchTrainer:
         (masked NLL, `slime.backends.sft.sft_loss`, with `config.aggregation`; advantages, old and
         reference log-probs are ignored and may be None).
         advantages: per sample, a number (spread over its response tokens) or one value per response
-        token. old_log_probs: default recomputed now (or the engine's with `use_rollout_logprobs`).
+        token. old_log_probs: default this step's own forward, detached (or the engine's with
+        `use_rollout_logprobs`): the weights move only at the step's end, so the old policy of the
+        first (and only) update on a batch is the current one and a separate no-grad forward would
+        recompute the same values (TRL's GRPOTrainer skips it likewise at num_iterations=1). Pass them
+        when a rollout is split over several optimizer steps (`train_worker` does).
         ref_log_probs: default from the reference model when `config.kl_loss_coef` is set.
         Each micro-batch's loss uses the divisor of the whole batch (all ranks' samples), so the summed
         gradients equal the gradient of the whole-batch loss whatever the micro-batching and sharding.
@@ -207,8 +211,6 @@ class TorchTrainer:
                 if any(s.rollout_log_probs is None for s in samples):
                     raise ValueError("use_rollout_logprobs needs rollout_log_probs on every sample")
                 old_log_probs = [s.rollout_log_probs for s in samples]
-            else:
-                old_log_probs = self.compute_log_probs(samples, temperature)
         if not sft and config.kl_loss_coef != 0.0 and ref_log_probs is None:
             ref_log_probs = self.compute_ref_log_probs(samples, temperature)
         divisor = self._global_divisor(samples, config, loss_divisor)
@@ -217,7 +219,7 @@ class TorchTrainer:
             keep = self.trained_indices(samples, adv, config)
             skipped = len(samples) - len(keep)
             samples, adv = [samples[i] for i in keep], [adv[i] for i in keep]
-            old_log_probs = [old_log_probs[i] for i in keep]
+            old_log_probs = None if old_log_probs is None else [old_log_probs[i] for i in keep]
             ref_log_probs = None if ref_log_probs is None else [ref_log_probs[i] for i in keep]
 
         self.runner.train()
@@ -245,8 +247,9 @@ class TorchTrainer:
                 loss, metrics = sft_loss(lp, mb.loss_mask, aggregation=config.aggregation, divisor=divisor,
                                          entropy=entropy)
             else:
+                old = lp.detach() if old_log_probs is None else self._per_token(mb, filler, old_log_probs)
                 loss, metrics = policy_loss(
-                    lp, self._per_token(mb, filler, old_log_probs), mb.advantages, mb.loss_mask, config,
+                    lp, old, mb.advantages, mb.loss_mask, config,
                     ref_log_probs=self._per_token(mb, filler, ref_log_probs),
                     rollout_log_probs=mb.rollout_log_probs, entropy=entropy, divisor=divisor,
                 )

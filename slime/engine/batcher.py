@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from slime.engine.inplace_load import load_in_place
 from slime.engine.prefix_cache import Hit, PrefixCache
 
 logger = logging.getLogger(__name__)
@@ -157,6 +158,8 @@ class Batcher:
         self.weight_version = "0"
         self._version_counter = 0
         self._eos_ids = self._eos_token_ids()
+        # read once: a HF config attribute read costs microseconds, per request per decode step
+        self._max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self._counter = itertools.count()
         self._cond = threading.Condition()
         self._pending: deque[_Request] = deque()
@@ -166,6 +169,7 @@ class Batcher:
         self._paused = False
         self._stopping = False
         self._released: set[str] = set()  # memory tags released, see release_memory
+        self._reallocated = False  # weights re-allocated uninitialised by resume_memory, buffers too
         self.stats = {"decode_steps": 0, "max_running_reqs": 0, "generated_tokens": 0}
         # Running batch: requests, KV cache, attention mask (B, T), next position (B,), logits (B, V).
         self._active: list[_Request] = []
@@ -348,13 +352,18 @@ class Batcher:
                 raise ValueError(f"unknown engine command {name!r}")
             if "weights" in self._released:
                 raise ReleasedError("the weights are released: resume_memory_occupation(['weights']) first")
-            model = self._load(kwargs["model_path"])
+            # Same architecture (every sync): copy into the served weights, no rebuild. Not after a
+            # resume: to_empty left the buffers that no folder holds (RoPE's inv_freq) uninitialised.
+            with _LOAD_LOCK:
+                in_place = not self._reallocated and load_in_place(self.model, kwargs["model_path"])
+            model = self.model if in_place else self._load(kwargs["model_path"])
             if model.config.vocab_size != self.model.config.vocab_size:
                 raise ValueError(
                     f"{kwargs['model_path']} has vocab {model.config.vocab_size}, the served model "
                     f"{self.model.config.vocab_size}: update_weights_from_disk needs the same architecture"
                 )
-            self.model = model
+            self.model, self._reallocated = model, False
+            self._max_positions = getattr(model.config, "max_position_embeddings", None)
             self.model_path = kwargs["model_path"]
             self.prefix_cache.clear()  # KV of the old weights
             self._version_counter += 1
@@ -380,6 +389,7 @@ class Batcher:
             raise ValueError(f"unknown memory tags {unknown}: use {list(MEMORY_TAGS)}")
         if "weights" in tags and "weights" in self._released:
             self.model.to_empty(device="cpu")
+            self._reallocated = True
         with self._cond:
             self._released -= set(tags)
 
@@ -456,10 +466,10 @@ class Batcher:
         self.stats["generated_tokens"] += len(self._active)
         self.stats["max_running_reqs"] = max(self.stats["max_running_reqs"], len(self._active))
         kept = []
-        for row, request in enumerate(self._active):
-            token = int(tokens[row])
+        for row, (request, token, logprob) in enumerate(zip(self._active, tokens.tolist(), logprobs.tolist(),
+                                                            strict=True)):
             request.output_ids.append(token)
-            request.logprobs.append(float(logprobs[row]))
+            request.logprobs.append(logprob)
             reason = self._finish_reason(request, token)
             if reason is None:
                 kept.append(row)
@@ -492,9 +502,13 @@ class Batcher:
                 logits[row, torch.tensor(sorted(request.stop_ids))] = float("-inf")
         temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in self._active])
         logprobs = torch.log_softmax(logits / temps.view(-1, 1), dim=-1)
-        tokens = torch.empty(len(self._active), dtype=torch.long)
+        tokens = logprobs.argmax(dim=-1)  # greedy rows keep theirs
+        plain = [row for row, r in enumerate(self._active) if not r.params.greedy and not _truncates(r.params)]
+        if plain:  # one divide and argmax for all rows; each row's noise still from its own generator
+            tokens[plain] = _race([self._active[row].generator for row in plain], logprobs[plain].exp())
         for row, request in enumerate(self._active):
-            tokens[row] = _sample_row(logprobs[row], request.params, request.generator)
+            if not request.params.greedy and _truncates(request.params):
+                tokens[row] = _sample_row(logprobs[row], request.params, request.generator)
         return tokens, logprobs.gather(1, tokens.view(-1, 1)).squeeze(1)
 
     def _finish_reason(self, request: _Request, token: int) -> dict[str, Any] | None:
@@ -508,7 +522,7 @@ class Batcher:
                     return {"type": "stop", "matched": stop}
         if len(request.output_ids) >= p.max_new_tokens:
             return {"type": "length", "length": p.max_new_tokens}
-        limit = getattr(self.model.config, "max_position_embeddings", None)
+        limit = self._max_positions
         if limit and len(request.prompt_ids) + len(request.output_ids) >= limit:
             return {"type": "length", "length": len(request.output_ids)}
         return None
@@ -573,6 +587,20 @@ class Batcher:
     def _load(model_path: str) -> torch.nn.Module:
         with _LOAD_LOCK:  # from_pretrained is not thread-safe: two engines in one process got meta tensors
             return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+def _truncates(params: SamplingParams) -> bool:
+    """Whether a request's draw truncates the distribution first (top-k, top-p or min-p)."""
+    return 0 < params.top_k or params.top_p < 1.0 or params.min_p > 0
+
+
+def _race(generators: list[torch.Generator], probs: torch.Tensor) -> torch.Tensor:
+    """The exponential race of `_sample_row` for a [B, V] block of untruncated rows at once:
+    argmax_v p_{b,v} / E_{b,v}, row b's E ~ Exp(1) drawn from generators[b] exactly as one row alone."""
+    noise = torch.empty_like(probs)
+    for row, generator in zip(noise, generators, strict=True):
+        row.exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
 
 
 def _sample_row(logprobs: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

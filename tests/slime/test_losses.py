@@ -11,6 +11,7 @@ from slime.algorithms.losses import (
     PolicyLossConfig,
     cispo_loss,
     entropy_from_logits,
+    entropy_given_logsumexp,
     gspo_loss,
     policy_loss,
     ppo_clip_loss,
@@ -192,6 +193,18 @@ def test_entropy_from_logits():
     close(entropy_from_logits(logits), [[LN(2.0), 0.56233]])
     # temperature 2 on doubled logits gives the same distributions
     close(entropy_from_logits(2 * logits, temperature=2.0), [[LN(2.0), 0.56233]])
+
+
+def test_entropy_given_logsumexp_has_the_value_and_gradient_of_minus_sum_p_log_p():
+    torch.manual_seed(0)
+    z = (torch.randn(5, 37) * 2).requires_grad_(True)
+    got = entropy_given_logsumexp(z, torch.logsumexp(z, dim=-1))
+    (g_got,) = torch.autograd.grad(got.sum(), z)
+    p = torch.softmax(z, dim=-1)
+    want = -(p * torch.log_softmax(z, dim=-1)).sum(dim=-1)
+    (g_want,) = torch.autograd.grad(want.sum(), z)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(g_got, g_want, atol=1e-5, rtol=0)
 
 
 # ---- policy_loss and value_loss ------------------------------------------------------------------

@@ -140,7 +140,7 @@ def test_masked_tokens_have_no_influence():
     assert results[0][1]["tokens"] == 3
 
 
-def _step_recording_grads(trainer, samples, advantages, config):
+def _step_recording_grads(trainer, samples, advantages, config, **kwargs):
     grads = {}
     step = trainer._clip_and_step
 
@@ -149,7 +149,7 @@ def _step_recording_grads(trainer, samples, advantages, config):
         return step()
 
     trainer._clip_and_step = record_then_step
-    return trainer.train_step(samples, advantages, config), grads
+    return trainer.train_step(samples, advantages, config, **kwargs), grads
 
 
 @pytest.mark.parametrize("gradient_checkpointing", [False, True])
@@ -218,6 +218,29 @@ def test_zero_advantage_samples_are_left_out_with_the_same_gradient_and_update(a
     # an entropy or KL term makes every token count: nothing is left out
     with_entropy = PolicyLossConfig(aggregation=aggregation, entropy_coef=0.01)
     assert lean.train_step(samples, advantages, with_entropy)["zero_advantage_samples"] == 0
+
+
+def test_default_old_log_probs_are_the_step_forward_without_a_second_forward():
+    """old_log_probs=None uses the training forward's own log-probs (detached): the same update as
+    passing freshly recomputed ones, with one decoder forward per micro-batch instead of two."""
+    samples = mixed_samples()
+    advantages = [1.0, -0.5, [0.3 * j for j in range(10)], -1.0]
+    config = PolicyLossConfig(aggregation="token_mean")
+    base = tiny_model()
+    implicit = TorchTrainer(copy.deepcopy(base), TrainerConfig(lr=1e-3))
+    explicit = TorchTrainer(copy.deepcopy(base), TrainerConfig(lr=1e-3))
+    forwards = []
+    implicit.model.get_decoder().register_forward_hook(lambda *_: forwards.append(1))
+    old = explicit.compute_log_probs(samples)
+    m_implicit, g_implicit = _step_recording_grads(implicit, samples, advantages, config)
+    m_explicit, g_explicit = _step_recording_grads(explicit, samples, advantages, config, old_log_probs=old)
+
+    assert len(forwards) == m_implicit["num_micro_batches"] == 1
+    assert m_implicit["approx_kl"] == 0.0 and m_implicit["clipfrac"] == 0.0
+    assert m_implicit["loss"] == pytest.approx(m_explicit["loss"], abs=1e-6)
+    assert m_implicit["grad_norm"] == pytest.approx(m_explicit["grad_norm"], rel=1e-5)
+    assert_same_params(g_implicit, g_explicit, atol=1e-6)
+    _assert_same_update_where_the_gradient_is_real(implicit, explicit, g_implicit)
 
 
 def test_kl_loss_uses_the_reference_model():
