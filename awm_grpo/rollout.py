@@ -40,10 +40,12 @@ from awm_grpo.chat import ChatEncoder
 from awm_grpo.env_client import EnvConfig, EnvInfraError, EnvSession, ToolResult, open_env
 from awm_grpo.traces import write_trace
 from slime.rollout.sglang_rollout import GenerateState, get_model_url
+from slime.utils.fd_limit import raise_open_file_limit
 from slime.utils.http_utils import post
 from slime.utils.types import Sample
 
 TRUNCATION_MARKER = "\n[... observation truncated: {n} more tokens]"
+FILES_BESIDES_EPISODES = 256  # libraries, the worker and sandbox pipes, trace and state files being read
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,7 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
                *, evaluation: bool = False) -> Sample:
     """Play one episode of `sample.metadata`'s task with `policy`; see the module docstring."""
     cfg = RolloutConfig.from_args(args)
+    _check_open_files(args)
     meta = sample.metadata or {}
     try:
         scenario, task_idx = str(meta["scenario"]), int(meta["task_idx"])
@@ -252,6 +255,18 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
     sample.metadata = {**meta, "awm": episode.summary()}
     write_trace(cfg.trace_dir, "eval" if evaluation else "rollout", _training_step(sample), sample, episode)
     return sample
+
+
+def _check_open_files(args: argparse.Namespace) -> None:
+    """Raise the open-file limit for every episode the step may run at once (once per process).
+
+    Each holds its engine connection here and its DB connection in an environment worker, which
+    inherits this process's limit when the runtime starts it (so before the first episode opens).
+    """
+    if getattr(args, "_awm_open_files_checked", False):
+        return
+    raise_open_file_limit(GenerateState(args).concurrency + FILES_BESIDES_EPISODES, "the rollout")
+    args._awm_open_files_checked = True
 
 
 async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sampling_params: dict[str, Any],

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
     from slime.engine.router import BackgroundServer
-    from slime.utils.fd_limit import raise_open_file_limit  # noqa: F401
+    from slime.utils.fd_limit import raise_open_file_limit
 
     p = argparse.ArgumentParser(prog="python -m awm_grpo.scripted_engine", description=__doc__.split("\n\n")[0])
     p.add_argument("--tokenizer", required=True, help="model folder whose tokenizer the rollout uses")

@@ -55,6 +55,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from slime.engine.base import MODEL_INFO, EngineError, RolloutEngine
+from slime.utils.fd_limit import raise_open_file_limit
 
 logger = logging.getLogger(__name__)
 
@@ -498,9 +499,17 @@ class _AnnouncingServer(uvicorn.Server):
             self.on_started()
 
 
+# How long an idle client connection stays open. uvicorn's default, 5 s, closes connections that
+# clients still hold: a rollout process busy with 1,024 episodes may read a reply seconds after it was
+# sent and then reuse the connection after the server closed it (ServerDisconnected, a retry a second
+# later). Clients here drop idle connections after 3 s (http_utils, the router's own client).
+KEEP_ALIVE_S = 60.0
+
+
 class BackgroundServer:
     """A uvicorn server for one app on a socket bound up front (so port 0 resolves before anyone is
-    told the URL), run on a daemon thread (`start`) or in the calling thread (`run`)."""
+    told the URL), run on a daemon thread (`start`) or in the calling thread (`run`). The listen
+    backlog holds a step's worth of connections arriving at once (1,024 episodes)."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -511,7 +520,8 @@ class BackgroundServer:
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                timeout_keep_alive=KEEP_ALIVE_S, backlog=4096)
         self._server = _AnnouncingServer(config)
         self._thread: threading.Thread | None = None
 
@@ -550,6 +560,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))
+    raise_open_file_limit(0, "router")  # two connections per request in flight: one in, one out
     router = Router(args.engine_url, host=args.host, port=args.port,
                     health_check_interval_s=args.health_check_interval, failure_threshold=args.failure_threshold)
     router.serve_forever(on_started=lambda: print(f"router listening on {router.url}", flush=True))
