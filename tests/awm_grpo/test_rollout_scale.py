@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from awm.solutions import load_solutions
+
 from awm_grpo.scale import ScriptedStack, StepResult, open_episodes, play_step, rollout_args, write_inputs
 
 
