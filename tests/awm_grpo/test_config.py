@@ -471,3 +471,19 @@ def test_the_knob_reference_in_docs_is_the_generated_table(capsys):
     assert all(f"`{k.env}`" in table for k in KNOBS)
     docs = Path(__file__).resolve().parents[2] / "docs" / "knobs.md"
     assert docs.read_text(encoding="utf-8") == table, "regenerate: bash awm_grpo/run_awm_grpo.sh --knobs > docs/knobs.md"
+
+
+@pytest.mark.parametrize("smi, gpus, prompts, concurrency", [
+    ("81559 MiB, NVIDIA H100 80GB HBM3\n", 4, 64, 32),
+    ("81559 MiB, NVIDIA H100 80GB HBM3\n", 8, 128, 32),
+    ("143771 MiB, NVIDIA H200\n", 8, 256, 64),
+])
+def test_gpu_profiles_size_a_step_by_the_gpus_that_generate(smi, gpus, prompts, concurrency):
+    """docs/notes-speed-scale.md: 64 episodes per H100 a step (128 per H200), about what an engine's KV
+    cache holds in flight; 8 H200s run the AWM paper's 1,024 episodes a step."""
+    got = C.resolve(None, env={}, gpus=C.parse_nvidia_smi(smi * gpus))
+    assert got["training.rollout_batch_size"] == prompts and got["inference.sglang_server_concurrency"] == concurrency
+    assert got["training.rollout_batch_size"] * got["training.n_samples_per_prompt"] == prompts * 4
+    assert got.warnings == []
+    fewer = C.resolve(None, env={"ROLLOUT_NUM_GPUS": "2", "COLOCATE": "false"}, gpus=C.parse_nvidia_smi(smi * gpus))
+    assert fewer["training.rollout_batch_size"] == prompts * 2 // gpus  # the GPUs that generate, not all of them
