@@ -49,13 +49,16 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from slime.engine.base import MODEL_INFO, EngineError, RolloutEngine
 from slime.utils.fd_limit import raise_open_file_limit
+from slime.utils.http_utils import TRANSPORT_ERRORS, make_client
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +261,9 @@ class Router(RolloutEngine):
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=3.0),
                 trust_env=False,
             )
+            # /generate, one request in flight per episode: aiohttp, whose pool costs the same per request
+            # at 1,024 in flight as at 10 (httpx's walks every connection: see slime/utils/http_utils.py).
+            client["generate"] = make_client(router.request_timeout_s)
             checker = asyncio.create_task(router._health_loop(client["http"]))
             try:
                 yield
@@ -266,6 +272,7 @@ class Router(RolloutEngine):
                 with contextlib.suppress(asyncio.CancelledError):
                     await checker
                 await client["http"].aclose()
+                await client["generate"].close()
 
         app = FastAPI(title="slime router", lifespan=lifespan)
 
@@ -276,7 +283,7 @@ class Router(RolloutEngine):
             if isinstance(body, dict) and SESSION_FIELD in body:
                 session = body.pop(SESSION_FIELD)
                 key = key if key is not None or session is None else str(session)
-            return await router._forward_generate(client["http"], body, key)
+            return await router._forward_generate(client["generate"], body, key)
 
         for path in FAN_OUT_POST:
             app.add_api_route(path, self._fan_out_endpoint(path, client), methods=["POST"])
@@ -354,7 +361,7 @@ class Router(RolloutEngine):
 
     # ---- forwarding ------------------------------------------------------------------------------
 
-    async def _forward_generate(self, http: httpx.AsyncClient, body: Any, key: str | None) -> Response:
+    async def _forward_generate(self, http: aiohttp.ClientSession, body: Any, key: str | None) -> Response:
         tried: list[str] = []
         while True:
             try:
@@ -366,34 +373,41 @@ class Router(RolloutEngine):
                 state.requests += 1
                 state.in_flight += 1
             try:
-                reply = await self._post_generate(http, url, body)
-            except httpx.TimeoutException as exc:
+                status, content, media_type = await self._post_generate(http, url, body)
+            except TimeoutError as exc:
                 return JSONResponse({"error": {"message": f"{url}/generate timed out: {exc!r}"}}, status_code=504)
-            except httpx.TransportError as exc:
+            except TRANSPORT_ERRORS as exc:
                 self.mark_unhealthy(url, f"/generate failed: {exc!r}")
                 tried.append(url)
                 continue
             finally:
                 if state is not None:
                     state.in_flight -= 1
-            return _relay(reply)
+            return Response(content, status_code=status, media_type=media_type)
 
     @staticmethod
-    async def _post_generate(http: httpx.AsyncClient, url: str, body: Any) -> httpx.Response:
-        """POST once, and once more if the engine still answers /health: a kept-alive connection the
-        engine closed as idle fails like a crash (ReadError), but the engine itself is fine."""
+    async def _post_generate(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, bytes, str]:
+        """(status, body, content type) of one POST, sent once more if the engine still answers /health:
+        a kept-alive connection the engine closed as idle fails like a crash, but the engine is fine."""
+        data = orjson.dumps(body)
+
+        async def post() -> tuple[int, bytes, str]:
+            async with http.post(f"{url}/generate", data=data, headers={"Content-Type": "application/json"}) as r:
+                return r.status, await r.read(), r.headers.get("content-type", "application/json")
+
         try:
-            return await http.post(f"{url}/generate", json=body)
-        except httpx.TimeoutException:
+            return await post()
+        except TimeoutError:
             raise
-        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError):
             try:
-                alive = (await http.get(f"{url}/health", timeout=5.0)).status_code == 200
-            except httpx.HTTPError:
+                async with http.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                    alive = r.status == 200
+            except (*TRANSPORT_ERRORS, aiohttp.ClientError):
                 alive = False
             if not alive:
                 raise
-            return await http.post(f"{url}/generate", json=body)
+            return await post()
 
     async def _forward_one(self, http: httpx.AsyncClient, method: str, path: str) -> Response:
         try:
