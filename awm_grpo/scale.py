@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import select
 import subprocess
 import sys
@@ -204,21 +203,3 @@ def children(pid: int) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def pss_bytes(pid: int) -> int:
-    """Proportional set size (shared pages split between their users), 0 for a process that is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def open_files(pid: int) -> int:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return 0

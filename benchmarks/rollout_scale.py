@@ -26,13 +26,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from env_throughput import pss_bytes  # benchmarks/ is the script's folder, so first on sys.path
+
 from awm_grpo.scale import (
     ScriptedStack,
     StepResult,
     open_episodes,
-    open_files,
     play_step,
-    pss_bytes,
     rollout_args,
     runtime_pids,
     write_inputs,
@@ -66,6 +66,13 @@ class Sampler(threading.Thread):
                 self.peak_mb[name] = max(self.peak_mb[name], mb)
                 self.peak_files[name] = max(self.peak_files[name], max((open_files(p) for p in pids), default=0))
             self.peak_mb["total"] = max(self.peak_mb["total"], total)
+
+
+def open_files(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
 
 
 def cpu_seconds(pid: int) -> float:
