@@ -24,6 +24,7 @@ import itertools
 import json
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,6 @@ def scripts_from_solutions(solutions: dict[Any, Any], tasks: dict[tuple[str, int
 
 
 def _wrong_as_reference(solution: Any) -> Any:
-    from dataclasses import replace
-
     return replace(solution, calls=solution.wrong_calls, final_answer=solution.wrong_final_answer)
 
 
@@ -98,7 +97,6 @@ def build_app(tokenizer: Any, policy: ScriptedPolicy, latency_s: float = 0.0) ->
     """The SGLang subset the rollout and the router use: /generate, /health, /model_info."""
     end_id = tokenizer.convert_tokens_to_ids(TURN_END)
     app = FastAPI(title="scripted engine")
-    served = itertools.count()
 
     @app.post("/generate")
     async def generate(request: Request) -> dict[str, Any]:
@@ -111,7 +109,6 @@ def build_app(tokenizer: Any, policy: ScriptedPolicy, latency_s: float = 0.0) ->
             ids, finish = ids[:limit], {"type": "length", "length": limit}
         if latency_s:
             await asyncio.sleep(latency_s)
-        next(served)
         return {"text": tokenizer.decode(ids), "meta_info": {
             "output_token_logprobs": [[LOGPROB, i, None] for i in ids], "finish_reason": finish,
             "weight_version": "0", "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(ids)}}
@@ -122,7 +119,7 @@ def build_app(tokenizer: Any, policy: ScriptedPolicy, latency_s: float = 0.0) ->
 
     @app.get("/model_info")
     async def model_info() -> dict[str, Any]:
-        return {"weight_version": "0", "requests": next(served) - 1}
+        return {"weight_version": "0"}
 
     return app
 
