@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import logging
 import os
+import sqlite3
 import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -128,7 +129,10 @@ class InProcessEnv:
         def read() -> dict[str, Any]:
             return {"state_hash": self.episode.state_hash(), "changes": self.episode.changes()}
 
-        return await asyncio.to_thread(read)
+        try:
+            return await asyncio.to_thread(read)
+        except (sqlite3.Error, OSError) as exc:  # e.g. out of file descriptors: the machinery, not the agent
+            raise EnvInfraError(f"reading the state of episode {self.episode.id}: {type(exc).__name__}: {exc}") from exc
 
     @property
     def db_path(self) -> str:

@@ -52,6 +52,7 @@ from slime.backends.checkpoint import LATEST_FILE
 from slime.rollout.base_types import call_rollout_fn
 from slime.rollout.data_source import RolloutDataSourceWithBuffer, load_prompts
 from slime.rollout.sglang_rollout import eval_metrics, eval_prompts, generate_rollout
+from slime.utils.fd_limit import raise_open_file_limit
 from slime.utils.http_utils import close_shared_client
 from slime.utils.log_hooks import call_log_hook
 from slime.utils.metrics import MetricsWriter, TensorBoardWriter
@@ -377,6 +378,7 @@ def main(argv: Sequence[str] | None = None, run_cls: type[Run] = Run) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the step log
     args = parse_args(argv)
+    raise_open_file_limit(0, "slime.train")  # before the router, engines and env workers start: they inherit it
     asyncio.run(_main(run_cls, args))
     import ray
 

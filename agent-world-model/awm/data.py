@@ -304,6 +304,8 @@ class AWMDataset:
         names = {key.split("::")[0] for ix in self._index.values() for key in ix.keys}
         self._names = sorted(names)
         self._get = lru_cache(maxsize=256)(self._get_uncached)
+        # A rollout step verifies each task's episodes (1,024 a step): read and parse its row once.
+        self._verifier = lru_cache(maxsize=4096)(self._verifier_uncached)
 
     # ---- raw access -------------------------------------------------------------------
     def _spans(self, stage: str, key: str) -> list[Span]:
@@ -371,6 +373,9 @@ class AWMDataset:
         """The verifier row of a task in `mode` after duplicate resolution, or None if there is none."""
         if mode not in VERIFIER_MODES:
             raise ValueError(f"verifier mode {mode!r} is unknown: use 'code' or 'sql'")
+        return self._verifier(normalize_scenario_name(scenario), int(task_idx), mode)
+
+    def _verifier_uncached(self, scenario: str, task_idx: int, mode: str) -> Verifier | None:
         spans = self._verifier_spans(scenario, task_idx, mode)
         if not spans:
             return None

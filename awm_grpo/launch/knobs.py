@@ -225,7 +225,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         "hardware.ray_num_cpus": 8,
         "data.split_by": "scenario", "data.split_seed": 42, "data.max_scenarios": None, "data.exclude_file": None,
         "training.num_rollout": 200,
-        "training.rollout_batch_size": 8,
+        # Prompts a step per GPU that generates (docs/notes-speed-scale.md has the arithmetic): one H200
+        # engine holds about 64 episodes of this recipe in its KV cache, and a step's rollout lasts as
+        # long as its longest episode (~100 s of decoding) however few run, so 32 prompts x 4 samples
+        # = 128 episodes per GPU fill it; 8 GPUs run 1,024 episodes a step, as the AWM paper trains.
+        "training.rollout_batch_size": Derived(lambda get, g: 32 * get("hardware.rollout_num_gpus"),
+                                               "= 32 x rollout_num_gpus"),
         "training.n_samples_per_prompt": 4,
         "training.over_sampling_batch_size": Derived(lambda get, g: 2 * get("training.rollout_batch_size"),
                                                      "= 2 x rollout_batch_size"),
@@ -245,7 +250,10 @@ PROFILES: dict[str, dict[str, Any]] = {
         "grpo.eps_clip": 0.2, "grpo.eps_clip_high": 0.28, "grpo.entropy_coef": 0.0,
         "inference.engine_type": "sglang", "inference.max_response_len": 16384, "inference.max_context_len": None,
         "inference.temperature": 1.0, "inference.eval_temperature": None,
-        "inference.sglang_mem_fraction_static": 0.55, "inference.sglang_server_concurrency": 8,
+        # Episodes in flight per engine (the rollout's semaphore covers a whole episode): about what the
+        # KV cache holds, 0.55 x 141 GB - 8 GB weights = ~66 GB / 144 KiB a token = ~450k tokens, ~64
+        # episodes at 7k tokens of context. SGLang queues what does not fit; 8 left the GPU idle.
+        "inference.sglang_mem_fraction_static": 0.55, "inference.sglang_server_concurrency": 64,
         "inference.engine_max_batch_size": 64,
         "environment.data_dir": GPU_DATA, "environment.transport": "inprocess", "environment.mcp_urls": [],
         "environment.mcp_servers": 1, "environment.tool_mode": "meta", "environment.calls_per_turn": "first",
@@ -261,8 +269,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         "logging.wandb_group": None, "logging.wandb_mode": "offline",
     },
     "h200": {},  # >= 120 GiB: the base numbers
-    "h100": {"training.rollout_batch_size": 4, "inference.max_response_len": 8192,
-             "inference.sglang_mem_fraction_static": 0.45, "inference.sglang_server_concurrency": 4},
+    # KV cache: 0.45 x 80 GB - 8 GB weights - ~3 GB activations = ~25 GB = ~170k tokens = ~32 episodes of
+    # ~5k tokens; 16 prompts x 4 samples = 64 episodes per GPU: 256 a step on 4 GPUs, 512 on 8.
+    "h100": {"training.rollout_batch_size": Derived(lambda get, g: 16 * get("hardware.rollout_num_gpus"),
+                                                    "= 16 x rollout_num_gpus"),
+             "inference.max_response_len": 8192,
+             "inference.sglang_mem_fraction_static": 0.45, "inference.sglang_server_concurrency": 32},
     "a100-40gb": {"training.rollout_batch_size": 2, "inference.max_response_len": 4096,
                   "inference.sglang_mem_fraction_static": 0.35, "inference.sglang_server_concurrency": 2,
                   "environment.enable_thinking": False, "environment.max_observation_tokens": 1024},
@@ -298,11 +310,11 @@ PROFILES: dict[str, dict[str, Any]] = {
 # Values above these warn: they are what the profile's hardware is sized for.
 BUDGETS: dict[str, dict[str, float]] = {
     "h200": {"inference.max_response_len": 16384, "training.max_tokens_per_gpu": 16384,
-             "inference.sglang_mem_fraction_static": 0.55, "inference.sglang_server_concurrency": 8,
-             "training.rollout_batch_size": 8},
+             "inference.sglang_mem_fraction_static": 0.55, "inference.sglang_server_concurrency": 64,
+             "training.rollout_batch_size": 256},  # 8 GPUs' worth: past it steps grow longer, not memory
     "h100": {"inference.max_response_len": 8192, "training.max_tokens_per_gpu": 8192,
-             "inference.sglang_mem_fraction_static": 0.45, "inference.sglang_server_concurrency": 4,
-             "training.rollout_batch_size": 4},
+             "inference.sglang_mem_fraction_static": 0.45, "inference.sglang_server_concurrency": 32,
+             "training.rollout_batch_size": 128},
     "a100-40gb": {"inference.max_response_len": 4096, "training.max_tokens_per_gpu": 4096,
                   "inference.sglang_mem_fraction_static": 0.35, "inference.sglang_server_concurrency": 2,
                   "training.rollout_batch_size": 2},

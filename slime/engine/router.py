@@ -49,12 +49,16 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from slime.engine.base import MODEL_INFO, EngineError, RolloutEngine
+from slime.utils.fd_limit import raise_open_file_limit
+from slime.utils.http_utils import TRANSPORT_ERRORS, make_client
 
 logger = logging.getLogger(__name__)
 
@@ -257,6 +261,9 @@ class Router(RolloutEngine):
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=3.0),
                 trust_env=False,
             )
+            # /generate, one request in flight per episode: aiohttp, whose pool costs the same per request
+            # at 1,024 in flight as at 10 (httpx's walks every connection: see slime/utils/http_utils.py).
+            client["generate"] = make_client(router.request_timeout_s)
             checker = asyncio.create_task(router._health_loop(client["http"]))
             try:
                 yield
@@ -265,6 +272,7 @@ class Router(RolloutEngine):
                 with contextlib.suppress(asyncio.CancelledError):
                     await checker
                 await client["http"].aclose()
+                await client["generate"].close()
 
         app = FastAPI(title="slime router", lifespan=lifespan)
 
@@ -275,7 +283,7 @@ class Router(RolloutEngine):
             if isinstance(body, dict) and SESSION_FIELD in body:
                 session = body.pop(SESSION_FIELD)
                 key = key if key is not None or session is None else str(session)
-            return await router._forward_generate(client["http"], body, key)
+            return await router._forward_generate(client["generate"], body, key)
 
         for path in FAN_OUT_POST:
             app.add_api_route(path, self._fan_out_endpoint(path, client), methods=["POST"])
@@ -353,7 +361,7 @@ class Router(RolloutEngine):
 
     # ---- forwarding ------------------------------------------------------------------------------
 
-    async def _forward_generate(self, http: httpx.AsyncClient, body: Any, key: str | None) -> Response:
+    async def _forward_generate(self, http: aiohttp.ClientSession, body: Any, key: str | None) -> Response:
         tried: list[str] = []
         while True:
             try:
@@ -365,34 +373,41 @@ class Router(RolloutEngine):
                 state.requests += 1
                 state.in_flight += 1
             try:
-                reply = await self._post_generate(http, url, body)
-            except httpx.TimeoutException as exc:
+                status, content, media_type = await self._post_generate(http, url, body)
+            except TimeoutError as exc:
                 return JSONResponse({"error": {"message": f"{url}/generate timed out: {exc!r}"}}, status_code=504)
-            except httpx.TransportError as exc:
+            except TRANSPORT_ERRORS as exc:
                 self.mark_unhealthy(url, f"/generate failed: {exc!r}")
                 tried.append(url)
                 continue
             finally:
                 if state is not None:
                     state.in_flight -= 1
-            return _relay(reply)
+            return Response(content, status_code=status, media_type=media_type)
 
     @staticmethod
-    async def _post_generate(http: httpx.AsyncClient, url: str, body: Any) -> httpx.Response:
-        """POST once, and once more if the engine still answers /health: a kept-alive connection the
-        engine closed as idle fails like a crash (ReadError), but the engine itself is fine."""
+    async def _post_generate(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, bytes, str]:
+        """(status, body, content type) of one POST, sent once more if the engine still answers /health:
+        a kept-alive connection the engine closed as idle fails like a crash, but the engine is fine."""
+        data = orjson.dumps(body)
+
+        async def post() -> tuple[int, bytes, str]:
+            async with http.post(f"{url}/generate", data=data, headers={"Content-Type": "application/json"}) as r:
+                return r.status, await r.read(), r.headers.get("content-type", "application/json")
+
         try:
-            return await http.post(f"{url}/generate", json=body)
-        except httpx.TimeoutException:
+            return await post()
+        except TimeoutError:
             raise
-        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError):
             try:
-                alive = (await http.get(f"{url}/health", timeout=5.0)).status_code == 200
-            except httpx.HTTPError:
+                async with http.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                    alive = r.status == 200
+            except (*TRANSPORT_ERRORS, aiohttp.ClientError):
                 alive = False
             if not alive:
                 raise
-            return await http.post(f"{url}/generate", json=body)
+            return await post()
 
     async def _forward_one(self, http: httpx.AsyncClient, method: str, path: str) -> Response:
         try:
@@ -498,9 +513,17 @@ class _AnnouncingServer(uvicorn.Server):
             self.on_started()
 
 
+# How long an idle client connection stays open. uvicorn's default, 5 s, closes connections that
+# clients still hold: a rollout process busy with 1,024 episodes may read a reply seconds after it was
+# sent and then reuse the connection after the server closed it (ServerDisconnected, a retry a second
+# later). Clients here drop idle connections after 3 s (http_utils, the router's own client).
+KEEP_ALIVE_S = 60.0
+
+
 class BackgroundServer:
     """A uvicorn server for one app on a socket bound up front (so port 0 resolves before anyone is
-    told the URL), run on a daemon thread (`start`) or in the calling thread (`run`)."""
+    told the URL), run on a daemon thread (`start`) or in the calling thread (`run`). The listen
+    backlog holds a step's worth of connections arriving at once (1,024 episodes)."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -511,7 +534,8 @@ class BackgroundServer:
         self._sock.bind((host, port))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                timeout_keep_alive=KEEP_ALIVE_S, backlog=4096)
         self._server = _AnnouncingServer(config)
         self._thread: threading.Thread | None = None
 
@@ -550,6 +574,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))
+    raise_open_file_limit(0, "router")  # two connections per request in flight: one in, one out
     router = Router(args.engine_url, host=args.host, port=args.port,
                     health_check_interval_s=args.health_check_interval, failure_threshold=args.failure_threshold)
     router.serve_forever(on_started=lambda: print(f"router listening on {router.url}", flush=True))

@@ -72,7 +72,8 @@ class GenerateState:
     """Per-process singleton: `tokenizer`, `processor`, `semaphore`, base `sampling_params`.
 
     `GenerateState(args)` builds it on the first call and returns the same object afterwards (later
-    `args` are ignored). The semaphore admits `--sglang-server-concurrency` x engines requests; the
+    `args` are ignored). The semaphore admits `concurrency` = `--sglang-server-concurrency` x engines
+    requests; the
     tokenizer comes from `--hf-checkpoint`, loaded on first use. `processor` is None: multimodal
     inputs are not supported here.
     """
@@ -84,7 +85,8 @@ class GenerateState:
             state = super().__new__(cls)
             state.args = args
             state.processor = None
-            state.semaphore = asyncio.Semaphore(args.sglang_server_concurrency * _num_engines(args))
+            state.concurrency = args.sglang_server_concurrency * _num_engines(args)
+            state.semaphore = asyncio.Semaphore(state.concurrency)
             state.sampling_params = sampling_params_from_args(args)
             cls._instance = state
         return cls._instance

@@ -495,3 +495,19 @@ def test_config_yaml_is_generated_from_the_knobs_and_resolves_to_the_profile_def
         with_file = resolve(DEFAULT_CONFIG, sets={"hardware.profile": profile}, env={}, gpus=[])
         without = resolve(empty, sets={"hardware.profile": profile}, env={}, gpus=[])
         assert with_file.values == without.values and with_file.sources == without.sources
+
+
+@pytest.mark.parametrize("smi, gpus, prompts, concurrency", [
+    ("81559 MiB, NVIDIA H100 80GB HBM3\n", 4, 64, 32),
+    ("81559 MiB, NVIDIA H100 80GB HBM3\n", 8, 128, 32),
+    ("143771 MiB, NVIDIA H200\n", 8, 256, 64),
+])
+def test_gpu_profiles_size_a_step_by_the_gpus_that_generate(smi, gpus, prompts, concurrency):
+    """docs/notes-speed-scale.md: 64 episodes per H100 a step (128 per H200), about what an engine's KV
+    cache holds in flight; 8 H200s run the AWM paper's 1,024 episodes a step."""
+    got = C.resolve(None, env={}, gpus=C.parse_nvidia_smi(smi * gpus))
+    assert got["training.rollout_batch_size"] == prompts and got["inference.sglang_server_concurrency"] == concurrency
+    assert got["training.rollout_batch_size"] * got["training.n_samples_per_prompt"] == prompts * 4
+    assert got.warnings == []
+    fewer = C.resolve(None, env={"ROLLOUT_NUM_GPUS": "2", "COLOCATE": "false"}, gpus=C.parse_nvidia_smi(smi * gpus))
+    assert fewer["training.rollout_batch_size"] == prompts * 2 // gpus  # the GPUs that generate, not all of them
