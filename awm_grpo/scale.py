@@ -25,7 +25,7 @@ from typing import Any
 
 from awm_grpo import env_client
 from awm_grpo.data_prep import load_tasks, prompt_record
-from awm_grpo.launch import PLUGINS
+from awm_grpo.launch.job import PLUGINS
 from awm_grpo.scripted_engine import scripts_from_solutions
 from awm_grpo.traces import log_rollout
 from slime.arguments import parse_args

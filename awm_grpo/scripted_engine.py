@@ -38,7 +38,7 @@ LOGPROB = -0.5
 
 def scripts_from_solutions(solutions: dict[Any, Any], tasks: dict[tuple[str, int], str]) -> dict[str, dict]:
     """{task text: {"reference": replies, "wrong": replies}} for every task in `tasks` with a solution."""
-    from awm_grpo.warmstart import reference_replies
+    from awm_grpo.warmstart.sft import reference_replies
 
     scripts: dict[str, dict[str, list[str]]] = {}
     for key, text in tasks.items():
