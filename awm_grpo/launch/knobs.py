@@ -225,7 +225,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "hardware.ray_num_cpus": 8,
         "data.split_by": "scenario", "data.split_seed": 42, "data.max_scenarios": None, "data.exclude_file": None,
         "training.num_rollout": 200,
-        # Prompts a step per GPU that generates (docs/notes-speed-scale.md has the arithmetic): one H200
+        # Prompts a step per GPU that generates (docs/gpu.md has the arithmetic): one H200
         # engine holds about 64 episodes of this recipe in its KV cache, and a step's rollout lasts as
         # long as its longest episode (~100 s of decoding) however few run, so 32 prompts x 4 samples
         # = 128 episodes per GPU fill it; 8 GPUs run 1,024 episodes a step, as the AWM paper trains.

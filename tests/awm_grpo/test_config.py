@@ -503,7 +503,7 @@ def test_config_yaml_is_generated_from_the_knobs_and_resolves_to_the_profile_def
     ("143771 MiB, NVIDIA H200\n", 8, 256, 64),
 ])
 def test_gpu_profiles_size_a_step_by_the_gpus_that_generate(smi, gpus, prompts, concurrency):
-    """docs/notes-speed-scale.md: 64 episodes per H100 a step (128 per H200), about what an engine's KV
+    """docs/gpu.md, batch sizes: 64 episodes per H100 a step (128 per H200), about what an engine's KV
     cache holds in flight; 8 H200s run the AWM paper's 1,024 episodes a step."""
     got = C.resolve(None, env={}, gpus=C.parse_nvidia_smi(smi * gpus))
     assert got["training.rollout_batch_size"] == prompts and got["inference.sglang_server_concurrency"] == concurrency
