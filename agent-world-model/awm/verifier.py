@@ -262,6 +262,8 @@ class _Helper:
         except subprocess.TimeoutExpired:
             self._kill()
         self.reader.join(timeout=grace_s)
+        if not self.reader.is_alive():
+            self.proc.stdout.close()  # the reply pipe: nobody reads it any more
 
 
 class VerifierSandbox:
