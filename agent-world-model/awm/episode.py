@@ -367,9 +367,9 @@ class Episode:
 
     async def _rpc(self, op: str, payload: dict, timeout_s: float | None = None) -> Any:
         self._check()
-        try:
-            return await self.runtime._rpc(self._slot, self._generation, op, {"episode": self.id, **payload},
-                                           timeout_s or self.runtime.call_timeout_s)
+        try:  # straight to the pool's future: one coroutine frame less per call than `EnvRuntime._rpc`
+            return await self.runtime.pool.submit(self._slot, op, {"episode": self.id, **payload},
+                                                  timeout_s or self.runtime.call_timeout_s, self._generation)
         except InfraError as exc:
             self.infra_error = str(exc)
             raise

@@ -257,3 +257,29 @@ def test_many_concurrent_episodes(fault_data_dir, cache_dir):
             assert low + high == 64 and high - low <= LOAD_PENALTY  # load spread over both workers
 
     run(main())
+
+
+def test_calls_that_queue_behind_a_busy_worker_share_one_write(fault_data_dir, cache_dir):
+    """Frames for a busy worker submitted in one loop iteration go out in one write; every answer is still
+    its own episode's, in order, and a hung call still blames itself, not a request queued before it."""
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir, call_timeout_s=2.0) as rt:
+            eps = [await rt.open("faults") for _ in range(6)]
+            slot = eps[0]._slot
+            writes: list[bytes] = []
+            real_write = slot.transport.write
+            slot.transport.write = lambda data: (writes.append(data), real_write(data))[1]
+            results = await asyncio.gather(*(ep.call("add_note", {"text": f"note {i}"})
+                                             for i, ep in enumerate(eps)))
+            assert [r.is_error for r in results] == [False] * 6
+            assert len(writes) == 2  # the first call went at once (idle worker), the other five together
+            for i, ep in enumerate(eps):
+                assert notes(ep.db_path)[-1] == f"note {i}"
+            slot.transport.write = real_write
+            # a hang behind a queued call: the watchdog must blame the hanging request
+            quick, hung = eps[0].call("list_notes", {}), eps[1].call("slow", {"seconds": 60})
+            outcomes = await asyncio.gather(quick, hung, return_exceptions=True)
+            assert not isinstance(outcomes[0], BaseException) and not outcomes[0].is_error
+            assert isinstance(outcomes[1], ToolTimeout) and outcomes[1].culprit
+
+    run(main())

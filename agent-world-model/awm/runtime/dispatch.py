@@ -137,10 +137,38 @@ async def asgi_call(app: Any, req: HttpRequest) -> Reply:
 
 
 def _app_version(app: Any) -> tuple[int, ...]:
-    """What compiled routes depend on that code could still change at run time: a change means compiling again."""
+    """What compiled routes depend on that code could still change at run time: a change means compiling again.
+    Runs on every call, so spelled out rather than looped."""
     router = getattr(app, "router", None)
-    return tuple(len(getattr(owner, name, None) or ()) for owner, name in (
-        (router, "routes"), (app, "user_middleware"), (app, "exception_handlers"), (app, "dependency_overrides")))
+    return (len(getattr(router, "routes", None) or ()), len(getattr(app, "user_middleware", None) or ()),
+            len(getattr(app, "exception_handlers", None) or ()), len(getattr(app, "dependency_overrides", None) or ()))
+
+
+_NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
+
+
+def _any_of(patterns: list[re.Pattern]) -> re.Pattern | None:
+    """One pattern that matches where any of `patterns` matches (one C-level match per call instead of one
+    per earlier route); None when there are none. Named groups become plain groups so the names may repeat;
+    patterns with flags or that do not compile together are matched one by one (`_Each`)."""
+    if not patterns:
+        return None
+    if any(p.flags & ~re.UNICODE for p in patterns):
+        return _Each(patterns)
+    try:
+        return re.compile("|".join(f"(?:{_NAMED_GROUP.sub('(?:', p.pattern)})" for p in patterns))
+    except (re.error, TypeError):
+        return _Each(patterns)
+
+
+class _Each:
+    """`_any_of`'s fallback: the patterns tried in turn."""
+
+    def __init__(self, patterns: list[re.Pattern]) -> None:
+        self.patterns = tuple(patterns)
+
+    def match(self, path: str) -> bool:
+        return any(p.match(path) for p in self.patterns)
 
 
 def _app_reason(app: Any) -> str:
@@ -197,7 +225,7 @@ class DirectRoute:
     """One route compiled for direct calls: what FastAPI's request handler would read, resolved once."""
 
     route: APIRoute
-    shadows: tuple[re.Pattern, ...]  # patterns of earlier routes of the same method: they win where they match
+    shadows: re.Pattern | _Each | None  # matches where an earlier route of the same method would win
     is_coroutine: bool
     response_class: type[Response]
     dump_json: bool  # FastAPI's fast path: the response field serialises straight to JSON bytes
@@ -209,7 +237,7 @@ class DirectRoute:
     def path_params(self, path: str) -> dict[str, Any] | None:
         """The converted path params the router would hand this route, or None when it would not pick it."""
         match = self.route.path_regex.match(path)
-        if match is None or any(p.match(path) for p in self.shadows):
+        if match is None or (self.shadows is not None and self.shadows.match(path)):
             return None
         convertors = self.route.param_convertors
         return {k: convertors[k].convert(v) for k, v in match.groupdict().items()}
@@ -357,7 +385,7 @@ class Dispatcher:
                 default_class = isinstance(response_class, DefaultPlaceholder)
                 ctx = dict(_extract_endpoint_context(route.dependant.call))
                 ctx["path"] = f"{method} {route.dependant.path}"  # as FastAPI's handler labels it (root_path is "")
-                return DirectRoute(route, tuple(shadows), _is_coroutine_callable(route.dependant.call),
+                return DirectRoute(route, _any_of(shadows), _is_coroutine_callable(route.dependant.call),
                                    response_class.value if default_class else response_class,
                                    default_class and route.response_field is not None, ctx,
                                    self.app.exception_handlers, ParamReader(route.dependant.path_params),

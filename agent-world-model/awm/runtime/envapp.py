@@ -36,6 +36,7 @@ import sqlalchemy
 import sqlalchemy.engine
 from sqlalchemy.pool import StaticPool
 
+from awm.runtime.argcheck import Check, compile_check
 from awm.runtime.deadline import ENV_CODE_PREFIX, CallDeadline
 from awm.runtime.dispatch import Dispatcher, short_traceback
 from awm.runtime.isolation import guarded_import, module_state
@@ -146,6 +147,7 @@ class LoadedEnv:
     app: Any
     tools: dict[str, ToolSpec]
     validators: dict[str, jsonschema.protocols.Validator]
+    checks: dict[str, Check | None]  # cheap pre-checks in front of `validators` (awm.runtime.argcheck)
     load_s: float
     created_sql: list[str]  # DDL that the code's import-time `create_all` added to the DB
     engines: list[sqlalchemy.engine.Engine]
@@ -216,7 +218,8 @@ def load_env(scenario: str, code: str, router: EpisodeRouter, scratch_db: str,
     for t in specs:
         cls = jsonschema.validators.validator_for(t.input_schema, default=jsonschema.Draft202012Validator)
         validators[t.name] = cls(t.input_schema)
-    return LoadedEnv(scenario, module, app, tools, validators, time.perf_counter() - t0, created_sql, engines,
+    checks = {t.name: compile_check(t.input_schema) for t in specs}
+    return LoadedEnv(scenario, module, app, tools, validators, checks, time.perf_counter() - t0, created_sql, engines,
                      idle_pools, module_state(code), Dispatcher(app, direct=direct))
 
 
@@ -249,7 +252,9 @@ async def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, name: 
     if not isinstance(arguments, dict):
         return Observation("Input validation error: arguments must be a JSON object", is_error=True,
                            kind="invalid_arguments")
-    error = next(iter(env.validators[name].iter_errors(arguments)), None)
+    check = env.checks[name]
+    error = None if check is not None and check(arguments) else next(iter(env.validators[name].iter_errors(arguments)),
+                                                                      None)
     if error is not None:
         return Observation(f"Input validation error: {_validation_message(error)}", is_error=True,
                            kind="invalid_arguments")

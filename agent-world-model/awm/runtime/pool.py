@@ -86,7 +86,8 @@ class WorkerSlot:
     generation: int = 0
     proc: subprocess.Popen | None = None
     transport: asyncio.Transport | None = None
-    outbox: list[bytes] = field(default_factory=list)  # frames written before the transport is up
+    outbox: list[bytes] = field(default_factory=list)  # frames not written yet (one write per loop iteration)
+    flush_scheduled: bool = False
     pending: OrderedDict[int, _Pending] = field(default_factory=OrderedDict)
     head_started: float = 0.0
     loaded: OrderedDict[str, asyncio.Future] = field(default_factory=OrderedDict)  # scenario -> load (LRU)
@@ -177,6 +178,7 @@ class WorkerPool:
         parent_sock.setblocking(False)
         slot.pending, slot.loaded, slot.episodes = OrderedDict(), OrderedDict(), {}
         slot.dead_reason, slot.transport, slot.outbox, slot.draining = "", None, [], False
+        slot.flush_scheduled = False
         slot.head_started = time.monotonic()
         self._loop.create_task(self._connect(slot, slot.generation, parent_sock))
 
@@ -269,15 +271,31 @@ class WorkerPool:
             fut.set_exception(WorkerCrashed(slot.dead_reason or f"worker {slot.index} was replaced"))
             return fut
         req_id = next(self._ids)
-        if not slot.pending:
-            slot.head_started = time.monotonic()
-        slot.pending[req_id] = _Pending(fut, op, timeout_s, time.monotonic())
-        frame = wire.encode((req_id, op, payload))
+        now = time.monotonic()
+        idle = not slot.pending
+        if idle:
+            slot.head_started = now
+        slot.pending[req_id] = _Pending(fut, op, timeout_s, now)
+        slot.outbox.append(wire.encode((req_id, op, payload)))
         if slot.transport is None:
-            slot.outbox.append(frame)
-        else:
-            slot.transport.write(frame)
+            pass  # `_connect` writes the outbox
+        elif idle and not slot.flush_scheduled:
+            self._flush(slot, slot.generation)  # the worker waits for it: no reason to wait for more
+        elif not slot.flush_scheduled:
+            slot.flush_scheduled = True  # the worker is busy: frames of this loop iteration go in one write
+            self._loop.call_soon(self._flush, slot, slot.generation)
         return fut
+
+    @staticmethod
+    def _flush(slot: WorkerSlot, generation: int) -> None:
+        """Write the frames queued for `slot` at once: one system call, and one read in the worker, for all the
+        episodes whose next call became ready in the same loop iteration (replies often arrive together)."""
+        if slot.generation != generation:
+            return  # the worker died since: its frames went with it, and the new one has its own outbox
+        slot.flush_scheduled = False
+        if slot.transport is not None and slot.outbox:
+            slot.transport.write(b"".join(slot.outbox))
+            slot.outbox.clear()
 
     async def request(self, slot: WorkerSlot, op: str, payload: dict[str, Any], timeout_s: float,
                       generation: int | None = None) -> Any:

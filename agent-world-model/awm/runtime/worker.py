@@ -170,17 +170,24 @@ def lock_down(config: dict[str, Any]) -> dict[str, Any]:
 
 
 async def serve(sock: socket.socket, config: dict[str, Any]) -> None:
-    """Lock down, then read frames and answer each in order; return when the parent closes the socket."""
-    reader, writer = await asyncio.open_unix_connection(sock=sock)  # the event loop's own sockets exist now
+    """Lock down, then read frames and answer each in order; return when the parent closes the socket.
+
+    The socket is read and written with the loop's `sock_recv` / `sock_sendall`, which try the system
+    call first and wait in the loop only when it would block: requests queued while a call ran are
+    read without a trip through the selector, and a reply leaves as soon as its call ends (the pool's
+    watchdog times each request from the previous reply, so replies are never held back).
+    """
+    loop = asyncio.get_running_loop()  # the event loop's own sockets exist now
+    sock.setblocking(False)
     protections = lock_down(config)
     worker, buffer = Worker(config.get("dir"), config.get("direct_dispatch", True)), bytearray()
     worker.protections = protections
     try:
-        while data := await reader.read(1 << 16):
+        while data := await loop.sock_recv(sock, 1 << 16):
             buffer += data
             for req_id, op, payload in wire.decode_all(buffer):
                 ok, result = await worker.handle(op, payload)
-                writer.write(wire.encode((req_id, ok, result)))
+                await loop.sock_sendall(sock, wire.encode((req_id, ok, result)))
     except (ConnectionError, OSError):
         pass  # parent is gone
     finally:
