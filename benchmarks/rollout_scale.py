@@ -4,9 +4,9 @@
     .venv/bin/python benchmarks/rollout_scale.py --episodes 1024 --latency-ms 500 --env-workers 2
     .venv/bin/python benchmarks/rollout_scale.py --data-dir DIR                   # a practice set, say
 
-Drives `awm_grpo.scale.play_step`: slime's rollout function, the slime router (own process), the
+Drives `awm_grpo.loadtest.harness.play_step`: slime's rollout function, the slime router (own process), the
 rollout with the in-process environment runtime (worker processes, verifier sandbox), the reward
-and the trace files, with `awm_grpo.scripted_engine` (own process) replaying each task's reference
+and the trace files, with `awm_grpo.loadtest.scripted_engine` (own process) replaying each task's reference
 solution (every 4th episode its wrong one) in place of a model. Per size it prints episodes/s, tool
 calls/s, turns, episodes open at once, peak memory (PSS) and open files of every process, failures
 by kind and wall time per phase; per-episode time split into engine, environment and verifier.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from env_throughput import pss_bytes  # benchmarks/ is the script's folder, so first on sys.path
 
-from awm_grpo.scale import (
+from awm_grpo.loadtest.harness import (
     ScriptedStack,
     StepResult,
     open_episodes,

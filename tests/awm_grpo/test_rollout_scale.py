@@ -1,5 +1,5 @@
 """Many concurrent episodes through the real rollout: router and scripted engine processes, env workers,
-the verifier sandbox, the reward and the trace files (awm_grpo.scale).
+the verifier sandbox, the reward and the trace files (awm_grpo.loadtest.harness).
 
 The process starts with a low soft open-file limit, as many machines do (1,024 there, for 1,024
 episodes; here just above what the test process holds already, for a few dozen): the rollout, the
@@ -19,7 +19,14 @@ from pathlib import Path
 import pytest
 from awm.solutions import load_solutions
 
-from awm_grpo.scale import ScriptedStack, StepResult, open_episodes, play_step, rollout_args, write_inputs
+from awm_grpo.loadtest.harness import (
+    ScriptedStack,
+    StepResult,
+    open_episodes,
+    play_step,
+    rollout_args,
+    write_inputs,
+)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """A scripted policy behind SGLang's `/generate`: plays reference solutions, for exercising the rollout at scale.
 
-    python -m awm_grpo.scripted_engine --tokenizer DIR --scripts scripts.json [--port 0] [--latency-ms 0]
+    python -m awm_grpo.loadtest.scripted_engine --tokenizer DIR --scripts scripts.json [--port 0] [--latency-ms 0]
 
 prints `scripted engine listening on http://HOST:PORT`. The rollout posts the whole conversation every
 turn, so the server keeps no per-episode state: it decodes the request, finds the task in the first
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     from slime.engine.router import BackgroundServer
     from slime.utils.fd_limit import raise_open_file_limit
 
-    p = argparse.ArgumentParser(prog="python -m awm_grpo.scripted_engine", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m awm_grpo.loadtest.scripted_engine", description=__doc__.split("\n\n")[0])
     p.add_argument("--tokenizer", required=True, help="model folder whose tokenizer the rollout uses")
     p.add_argument("--scripts", required=True, help="JSON file of scripts_from_solutions(...)")
     p.add_argument("--host", default="127.0.0.1")

@@ -26,7 +26,7 @@ from typing import Any
 from awm_grpo import env_client
 from awm_grpo.data_prep import load_tasks, prompt_record
 from awm_grpo.launch.job import PLUGINS
-from awm_grpo.scripted_engine import scripts_from_solutions
+from awm_grpo.loadtest.scripted_engine import scripts_from_solutions
 from awm_grpo.traces import log_rollout
 from slime.arguments import parse_args
 from slime.engine.router_process import RouterProcess
@@ -56,7 +56,7 @@ class ScriptedStack:
 
     def __init__(self, model_dir: str | Path, scripts: str | Path, *, latency_ms: float = 0.0, think_words: int = 0,
                  wrong_every: int = 4, start_timeout_s: float = 120.0) -> None:
-        self.command = [sys.executable, "-m", "awm_grpo.scripted_engine", "--tokenizer", str(model_dir),
+        self.command = [sys.executable, "-m", "awm_grpo.loadtest.scripted_engine", "--tokenizer", str(model_dir),
                         "--scripts", str(scripts), "--latency-ms", str(latency_ms), "--think-words", str(think_words),
                         "--wrong-every", str(wrong_every)]
         self.start_timeout_s = start_timeout_s
