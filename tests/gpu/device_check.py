@@ -170,7 +170,8 @@ def nccl_two_ranks() -> dict[str, Any]:
         try:
             out, err = proc.communicate(timeout=90)
             lines = [ln for ln in (out + err).splitlines() if ln.strip()]
-            outcome.append({"rc": proc.returncode, "last": lines[-1][-300:] if lines else ""})
+            errors = [ln for ln in lines if "Error" in ln or "received" in ln]  # the reason, not the exit warnings
+            outcome.append({"rc": proc.returncode, "last": (errors or lines or [""])[-1][-300:]})
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()

@@ -12,7 +12,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-python3}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$PWD:$PWD/agent-world-model${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 status=0
 
 echo "== device_check $(date -u +%FT%TZ) on $(hostname)"

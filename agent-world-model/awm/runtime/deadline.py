@@ -51,6 +51,10 @@ class CallDeadline:
     def _sql_expired(self) -> int:
         return time.monotonic() > self.deadline
 
+    def passed(self) -> bool:
+        """Whether the call running now has overrun its soft deadline (False between calls)."""
+        return time.monotonic() > self.deadline
+
     @contextlib.contextmanager
     def running(self, seconds: float | None) -> Iterator[None]:
         """Bound the code run inside this block to `seconds` (None: unbounded)."""

@@ -90,9 +90,10 @@ def _server_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n{short_traceback()}"
 
 
-def _interrupted() -> Reply:
+def interrupted_reply(trace: str | None = None) -> Reply:
+    """The answer to a call stopped at its soft deadline; `trace` is the log detail (default: the current one)."""
     return (500, INTERNAL_ERROR + b": the call ran past its time limit and was interrupted",
-            f"CallInterrupted: ran past its soft deadline\n{short_traceback()}")
+            f"CallInterrupted: ran past its soft deadline\n{short_traceback() if trace is None else trace}")
 
 
 class _Exchange:
@@ -132,7 +133,7 @@ async def asgi_call(app: Any, req: HttpRequest) -> Reply:
     except Exception as exc:  # Starlette answers 500 and then re-raises: keep the traceback for logs
         return out.status, b"".join(out.chunks) if out.chunks else INTERNAL_ERROR, _server_error(exc)
     except CallInterrupted:
-        return _interrupted()
+        return interrupted_reply()
     return out.status, b"".join(out.chunks), ""
 
 
@@ -268,7 +269,7 @@ class DirectRoute:
         except Exception as exc:  # ServerErrorMiddleware: 500 unless a response had started
             return (*sent[0][:2], _server_error(exc)) if sent else (500, INTERNAL_ERROR, _server_error(exc))
         except CallInterrupted:
-            return _interrupted()
+            return interrupted_reply()
         return sent[0]
 
     async def _request_response(self, path_params: dict[str, Any], req: HttpRequest, body: Any,

@@ -38,7 +38,7 @@ from sqlalchemy.pool import StaticPool
 
 from awm.runtime.argcheck import Check, compile_check
 from awm.runtime.deadline import ENV_CODE_PREFIX, CallDeadline
-from awm.runtime.dispatch import Dispatcher, short_traceback
+from awm.runtime.dispatch import Dispatcher, interrupted_reply, short_traceback
 from awm.runtime.isolation import guarded_import, module_state
 from awm.tools import Observation, ToolSpec, build_request, observation_from_response, tools_from_openapi
 
@@ -89,6 +89,7 @@ class EpisodeDB:
     def __init__(self, path: str, deadline: CallDeadline | None = None) -> None:
         self.path = path
         self.conn = sqlite3.connect(path, check_same_thread=False)
+        self.deadline = deadline
         if deadline is not None:
             deadline.guard(self.conn)  # slow statements are interrupted at the call's soft deadline
         # No ATTACH: SQL injected through tool arguments must not reach other episodes' files.
@@ -261,6 +262,10 @@ async def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, name: 
     req = build_request(tool, arguments)
     with db.use(env, router):  # the worker serves one request at a time, so no other call interleaves
         status, body, server_error = await env.dispatcher.call(req, tool.path)
+        if status == 500 and db.deadline is not None and db.deadline.passed():
+            # Two enforcers race past the deadline (SQLite's progress handler, the watcher thread):
+            # whichever fired, or whatever the handler made of it, the call was interrupted.
+            status, body, server_error = interrupted_reply(server_error)
     obs = observation_from_response(name, status, body)
     obs.detail = server_error
     obs.latency_s = time.perf_counter() - t0
