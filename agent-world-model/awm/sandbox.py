@@ -36,6 +36,7 @@ to a child of its own and writes one JSON reply per request on stdout. Each prot
   helper reports the failure instead of turning every verdict into judge_error.
 """
 
+import binascii
 import builtins
 import ctypes
 import dataclasses
@@ -44,6 +45,7 @@ import gc
 import inspect
 import json
 import linecache
+import marshal
 import math
 import os
 import pathlib
@@ -73,6 +75,8 @@ _QUEUE_GRACE_S = 0.5
 _OVERFLOW_FACTOR = 4
 _REAP_INTERVAL_S = 0.05  # how often the helper looks for killed children that finished exiting
 _TRACEBACK_LINES = 8
+_MAX_COMPILED_BYTES = 1 << 20  # a compiled verifier larger than this is compiled again each time
+_COMPILED_KEPT = 256  # compiled verifiers the helper keeps (least recently used go first)
 _SOURCE_NAME = "<awm-verifier>"
 # Imported by the helper before it forks, so a verifier's `import` of them is a dictionary lookup.
 _PRELOADED = ("collections", "datetime", "decimal", "fractions", "functools", "itertools", "statistics", "zoneinfo")
@@ -421,15 +425,27 @@ def _run_verifier(request: dict[str, Any], initial: str, final: str) -> dict[str
     if request["mode"] == "code":
         namespace["re"] = re
     try:
-        exec(compile(code, _SOURCE_NAME, "exec"), namespace)
+        # A verifier runs once per episode, so the helper keeps its compiled form (0.5-1 ms of compile);
+        # it is taken here, before the verifier's own code runs and could tamper with it.
+        compiled = request.get("compiled")
+        program = marshal.loads(binascii.a2b_base64(compiled)) if compiled else compile(code, _SOURCE_NAME, "exec")
+        keep = _encode_program(program) if request.get("want_compiled") else None
+        exec(program, namespace)
         func = namespace.get(name)
         if not callable(func):
             return {"ok": False, "error": f"the verifier code defines no function named {name!r}"}
         value = _call_bound(func, initial, final, request.get("final_answer"))
-        return {"ok": True, "type": type(value).__name__, "value": _json_safe(value)}
+        reply = {"ok": True, "type": type(value).__name__, "value": _json_safe(value)}
+        return {**reply, "compiled": keep} if keep else reply
     except BaseException as exc:  # SystemExit and MemoryError included: all are the verifier's failures
         namespace.clear()
         return {"ok": False, "error": _traceback_tail(exc)}
+
+
+def _encode_program(program: Any) -> str | None:
+    """A compiled verifier as text for the helper's cache (None when too large to keep)."""
+    data = marshal.dumps(program)
+    return binascii.b2a_base64(data, newline=False).decode("ascii") if len(data) <= _MAX_COMPILED_BYTES else None
 
 
 def _copy_database(src: str, dst: str) -> None:
@@ -591,6 +607,7 @@ class _Job:
     deadline: float
     timeout_s: float
     reqdir: str
+    code: str | None = None  # the verifier's source, when the helper asked for its compiled form
     output: bytearray = dataclasses.field(default_factory=bytearray)
 
 
@@ -632,7 +649,9 @@ def _reply_from_output(output: bytes) -> dict[str, Any] | None:
     if not (isinstance(message, dict) and "ok" in message):
         return None
     if message["ok"]:
-        return {"status": "ok", "value": message.get("value"), "type": message.get("type", "")}
+        reply = {"status": "ok", "value": message.get("value"), "type": message.get("type", "")}
+        compiled = message.get("compiled")
+        return {**reply, "compiled": compiled} if isinstance(compiled, str) else reply
     return {"status": "error", "detail": str(message.get("error", ""))}
 
 
@@ -654,6 +673,7 @@ class _Server:
         self.workdir = settings["workdir"]
         self.lockdown = Lockdown(())  # children add their own request directory (`Lockdown.confine`)
         self.warm_db = os.path.join(self.workdir, "probe.db")
+        self.compiled: dict[str, str] = {}  # verifier source -> its compiled form (marshal, base64)
         _make_probe_db(self.warm_db)
         for name in _PRELOADED:
             __import__(name)
@@ -806,7 +826,12 @@ class _Server:
             remove_tree(reqdir)
             self._answer(request["id"], {"status": "error", "detail": f"could not snapshot the databases: {exc}"})
             return None
-        payload = (json.dumps({**request, "dir": reqdir, "initial": initial, "final": final}) + "\n").encode()
+        code = request.get("code")
+        compiled = self.compiled.pop(code, None) if isinstance(code, str) else None
+        if compiled is not None:
+            self.compiled[code] = compiled  # most recently used last
+        cache = {"compiled": compiled} if compiled else {"want_compiled": isinstance(code, str)}
+        payload = (json.dumps({**request, **cache, "dir": reqdir, "initial": initial, "final": final}) + "\n").encode()
         for _ in range(3):  # a spare may have died since the loop last looked
             try:
                 child = self.spares.popleft() if self.spares else self._fork(spare=False)
@@ -827,7 +852,8 @@ class _Server:
             self._answer(request["id"], {"status": "error", "detail": "verifier children die before they start"})
             return None
         now = time.monotonic()
-        job = _Job(request["id"], child, now + request["timeout_s"], request["timeout_s"], reqdir)
+        job = _Job(request["id"], child, now + request["timeout_s"], request["timeout_s"], reqdir,
+                   code if compiled is None and isinstance(code, str) else None)
         self.jobs[child.result_fd] = job
         self.selector.modify(child.result_fd, selectors.EVENT_READ, job)
         return job
@@ -854,7 +880,12 @@ class _Server:
         self.selector.unregister(job.child.result_fd)
         del self.jobs[job.child.result_fd]
         if reply is not None:
+            compiled = reply.pop("compiled", None)
             self._answer(job.request_id, reply)
+            if compiled and job.code is not None:
+                self.compiled[job.code] = compiled
+                while len(self.compiled) > _COMPILED_KEPT:
+                    del self.compiled[next(iter(self.compiled))]
             self._retire(job.child)
         else:
             self._answer(job.request_id, _reply_from_status(self._reap(job.child)))

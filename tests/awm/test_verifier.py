@@ -493,3 +493,37 @@ def test_database_gone_before_its_snapshot_is_an_infra_failure(sandbox, dbs, tmp
     assert (verdict.verdict, verdict.infra_failure) == ("judge_error", True)
     assert "could not snapshot" in verdict.detail and "final database not found" in verdict.detail
     assert sandbox.verify(_verifier_code(1), str(dbs["initial"]), str(dbs[1])).verdict == "complete"
+
+
+def test_the_compiled_form_the_helper_keeps_is_what_runs_and_is_taken_before_the_verifier_runs(dbs):
+    """A verifier runs once per episode, so the helper keeps its compiled form: a child runs the form it is
+    handed (not the source), and the form it hands back was taken before the verifier's own code ran."""
+    from awm.sandbox import _encode_program, _run_verifier
+
+    initial = str(dbs["initial"])
+    tamper = ("import marshal\nmarshal.dumps = lambda *a: b'poisoned'\n"
+              "def verify_task_completion(initial_db_path, final_db_path):\n    return {'result': 'complete'}\n")
+    request = {"mode": "code", "code": tamper, "function": "verify_task_completion", "want_compiled": True}
+    import marshal
+
+    dumps = marshal.dumps
+    try:
+        first = _run_verifier(request, initial, initial)
+    finally:
+        marshal.dumps = dumps  # the verifier replaced it in this (test) process
+    assert first["ok"] and first["value"] == {"result": "complete"}
+    assert first["compiled"] == _encode_program(compile(tamper, "<awm-verifier>", "exec"))
+
+    other = "def verify_task_completion(initial_db_path, final_db_path):\n    return {'result': 'others'}\n"
+    handed = {"mode": "code", "code": tamper, "function": "verify_task_completion",
+              "compiled": _encode_program(compile(other, "<awm-verifier>", "exec"))}
+    assert _run_verifier(handed, initial, initial)["value"] == {"result": "others"}  # the form, not the source
+
+
+def test_a_verifier_run_again_from_its_kept_form_gives_the_same_verdict(sandbox, dbs):
+    code, initial, solved = _verifier_code(2), str(dbs["initial"]), str(dbs[2])
+    assert [sandbox.verify(code, initial, solved).verdict for _ in range(3)] == ["complete"] * 3
+    assert [sandbox.verify(code, initial, initial).verdict for _ in range(2)] == ["others"] * 2
+    broken = sandbox.verify("def verify_task_completion(a, b:\n", initial, initial)  # nothing kept: compiled again
+    assert [broken.verdict, sandbox.verify("def verify_task_completion(a, b:\n", initial, initial).verdict] == [
+        "judge_error"] * 2
