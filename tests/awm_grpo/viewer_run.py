@@ -20,7 +20,7 @@ from typing import Any
 from awm.data import bundled_data_dir
 
 from awm_grpo import env_client
-from awm_grpo.data_prep import LABELS_FILE, read_task_types
+from awm_grpo.data_prep import load_tasks
 from awm_grpo.reward import reward
 from awm_grpo.rollout import generate
 from awm_grpo.traces import log_rollout
@@ -47,14 +47,16 @@ def make_run(root: Path, model_dir: Path, engine: Any) -> Path:
     """Write `root/traces/rollout_00000{0,1}.jsonl`; returns `root`."""
     from rollout_helpers import make_args
 
-    labels = read_task_types(bundled_data_dir() / LABELS_FILE)
+    root.mkdir(parents=True, exist_ok=True)
+    tasks = {(t.scenario, t.task_idx): t for t in load_tasks(bundled_data_dir())[0]}
     GenerateState.reset()
     engine.reset()
     args = make_args(model_dir, engine.url, root, predicates=build_predicates(root / "predicates.jsonl"))
 
     def play(index: int, task_idx: int, *replies: str) -> Sample:
         engine.reply(*replies)
-        meta = {"scenario": SCENARIO, "task_idx": task_idx, "task": "", "task_type": labels[(SCENARIO, task_idx)]}
+        task = tasks[(SCENARIO, task_idx)]
+        meta = {"scenario": SCENARIO, "task_idx": task_idx, "task": task.task, "task_type": task.task_type}
         sample = Sample(index=index, group_index=index // 2, prompt="", metadata=meta)
 
         async def go() -> Sample:

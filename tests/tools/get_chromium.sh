@@ -29,6 +29,16 @@ if [[ -x "$BIN" && -z "$(missing_libs)" ]]; then
 fi
 
 command -v apt-get >/dev/null || { echo "get_chromium.sh: needs apt-get (a Debian/Ubuntu machine)" >&2; exit 2; }
+if [[ ! "$(apt-cache policy "$PKG" 2>/dev/null)" =~ Candidate:\ [0-9] ]]; then
+  # a fresh machine (CI) may have no package lists yet: refreshing them installs nothing
+  if [[ "$(id -u)" == 0 ]]; then
+    apt-get update -qq >&2 || true
+  fi
+  if [[ ! "$(apt-cache policy "$PKG" 2>/dev/null)" =~ Candidate:\ [0-9] ]]; then
+    echo "get_chromium.sh: apt knows no '$PKG': run 'sudo apt-get update' (Debian bookworm has it in main)" >&2
+    exit 3
+  fi
+fi
 mkdir -p "$CACHE/debs" "$CACHE/root"
 cd "$CACHE/debs"
 

@@ -1,7 +1,7 @@
 // The trajectory viewer's page: plain JS, no framework, no build step, no network but its own server.
 // Served: it asks the JSON API (awm_grpo/viewer/server.py). Exported: it reads the same answers from
 // the embedded #awm-data block (awm_grpo/viewer/export.py). The page state lives in location.hash,
-// so a view is a link: #run=.&ep=rollout_000001.jsonl:3&cmp=rollout_000002.jsonl:0&outcome=failure
+// so a view is a link: #run=.&ep=rollout_000001.jsonl:3&cmp=rollout_000002.jsonl:0&turn=2&outcome=failure
 "use strict";
 
 const EMBEDDED = (() => {
@@ -110,7 +110,7 @@ function chart(title, key, lo, hi, seriesList) {
   for (const s of [...new Set(steps)]) {
     g.append(svg("text", { x: sx(s), y: H - 8, "font-size": 9, "text-anchor": "middle", fill: "#6b7480" }, s));
   }
-  g.append(svg("text", { x: W - R, y: H - 0.5, "font-size": 9, "text-anchor": "end", fill: "#6b7480" }, "step"));
+  g.append(svg("text", { x: W - R, y: 12, "font-size": 9, "text-anchor": "end", fill: "#6b7480" }, "x: step"));
   seriesList.forEach(([name, pts], i) => {
     const colour = COLOURS[i % COLOURS.length];
     const valid = pts.filter((p) => p[key] !== null && p[key] !== undefined);
@@ -164,11 +164,11 @@ function renderEpisodes() {
   const body = document.querySelector("#episodes tbody");
   body.replaceChildren(...rows.slice(0, MAX_ROWS).map((r) =>
     el("tr", { "data-id": r.id, "data-outcome": r.outcome, class: r.id === s.ep || r.id === s.cmp ? "selected" : null,
-               onclick: () => setState({ ep: r.id, cmp: "" }) },
+               onclick: () => setState({ ep: r.id, cmp: "", turn: "" }) },
       el("td", {}, r.step === null ? "–" : r.step),
-      el("td", {}, `${r.scenario}#${r.task_idx}`),
-      el("td", { class: "task-cell", title: r.task }, r.task),
-      el("td", {}, r.task_type), el("td", {}, r.turns),
+      el("td", { class: "task-cell", title: `${r.task_type}: ${r.task}` },
+         el("b", {}, `${r.scenario}#${r.task_idx}`), " ", el("span", { class: "muted" }, r.task)),
+      el("td", {}, r.turns),
       el("td", { class: "outcome-" + r.outcome }, r.outcome), el("td", {}, fmt(r.reward, 2)))));
 }
 
@@ -303,6 +303,15 @@ async function renderDetail() {
   detail.replaceChildren(trajectory(first, diverged), trajectory(second, diverged));
 }
 
+function scrollToTurn() {
+  // #...&turn=N: a link to one turn; the trajectory pane scrolls, the page stays
+  const turn = state().turn;
+  const detail = document.getElementById("detail");
+  const card = turn && detail.querySelector(`.turn[data-turn="${CSS.escape(turn)}"]`);
+  const head = Math.max(0, ...[...detail.querySelectorAll(".traj-head")].map((h) => h.offsetHeight));
+  detail.scrollTop = card ? card.offsetTop - detail.offsetTop - head - 10 : 0;
+}
+
 // ---- wiring ---------------------------------------------------------------------------------------
 
 let loadedRun = null;
@@ -321,6 +330,7 @@ async function render() {
     renderFilters();
     renderEpisodes();
     await renderDetail();
+    scrollToTurn();
     document.body.dataset.ready = "1"; // for tests and screenshots: everything for this hash is drawn
   } catch (err) {
     showError(err);
