@@ -171,12 +171,13 @@ def turn_views(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def episode(run_dir: Path, name: str, line: int) -> dict[str, Any]:
-    """The full record of one episode plus its per-turn database view."""
+    """The full record of one episode plus its per-turn database view; `step` as in the list (the file's)."""
     records = read_file(run_dir, name)
     if not 0 <= line < len(records):
         raise TraceError(f"{name} has {len(records)} episodes, no line {line}")
-    record = records[line]
-    return {"id": f"{name}:{line}", "record": record, "turns": turn_views(record)}
+    record, tf = records[line], trace_file(name)
+    return {"id": f"{name}:{line}", "step": tf.step if tf.step is not None else record.get("step"),
+            "series": tf.series, "record": record, "turns": turn_views(record)}
 
 
 class RunStore:

@@ -77,6 +77,16 @@ def test_store_summarises_steps_curves_and_filters_of_the_real_run(run_root):
         (3, "failure", 5), (3, "success", 2), (3, "failure", 2), (0, "failure", 2)]
 
 
+def test_an_eval_out_file_is_a_run_of_its_own_series(run_root, tmp_path):
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals" / "test_split.jsonl").write_text((run_root / "traces" / "rollout_000001.jsonl").read_text())
+    summary = RunStore(tmp_path).summary("evals")
+    assert [(f["series"], f["step"]) for f in summary["files"]] == [("test_split", None)]
+    # no step in the name: the records' own step (the engine's weight version: the scripted engine says 0)
+    assert summary["curves"] == {"test_split": [{"step": 0, "episodes": 2, "infra": 0, "success_rate": 0.0,
+                                                 "reward_mean": 0.0}]}
+
+
 def test_episode_a_shows_phi_and_row_changes_turn_by_turn(run_root):
     ep = RunStore(run_root).episode("traces", "rollout_000000.jsonl:0")
     views = ep["turns"]
@@ -117,6 +127,7 @@ def test_json_api_over_a_real_server(run_root):
     assert s1 == 200 and runs["runs"] == ["traces"]
     assert s2 == 200 and len(run["episodes"]) == 4 and run["curves"]["rollout"][0]["success_rate"] == 0.5
     assert s3 == 200 and ep["record"]["task_type"] == "info_seeking" and ep["record"]["task_idx"] == 0
+    assert (ep["series"], ep["step"]) == ("rollout", 1)  # the file's step, as the list shows it
     assert s4 == 404 and "has 2 episodes, no line 9" in missing["error"]
     assert s5 == 404 and "no run 'nope'" in norun["error"]
     assert s6 == 400 and "'id'" in noid["error"]

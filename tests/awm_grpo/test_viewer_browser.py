@@ -185,6 +185,11 @@ async def drive(binary: Path, env: dict[str, str], root: Path, tmp: Path) -> dic
                 seen["shot_compare"] = await page.screenshot(tmp / "viewer-compare.png")
                 await page.click("#close-compare")
                 seen["single"] = await page.js("document.querySelectorAll('#detail .trajectory').length")
+                await page.act("location.hash = location.hash + '&turn=2'")
+                seen["turn2_below_head"] = await page.js(  # px from the sticky header's bottom to turn 2's top
+                    "(() => { const d = document.getElementById('detail');"
+                    " return d.querySelector('.turn[data-turn=\"2\"]').getBoundingClientRect().top"
+                    " - d.querySelector('.traj-head').getBoundingClientRect().bottom; })()")
                 seen["shot_single"] = await page.screenshot(tmp / "viewer-episode.png")
                 exported = export(root, tmp / "export")
                 await page.goto(exported.as_uri() + "#ep=rollout_000001.jsonl:1")
@@ -220,4 +225,5 @@ def test_viewer_in_headless_chromium(tmp_path, tiny_model_dir, scripted):
     assert seen["pair"] == [["rollout_000000.jsonl:0", 5], ["rollout_000000.jsonl:1", 2]]
     assert seen["diverged"] >= 2  # turn 1: A listed the tools (no change), B checked out: marked on both sides
     assert "cmp=rollout_000000.jsonl%3A1" in seen["hash"] and seen["single"] == 1
+    assert 0 <= seen["turn2_below_head"] <= 20  # a link to a turn scrolls the trajectory to it
     assert seen["export_rows"] == 4 and "library_lending_1#0" in seen["export_task"]

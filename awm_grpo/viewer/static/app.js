@@ -242,7 +242,7 @@ function trajectory(ep, divergedTurns) {
   const recovery = r.recovery || {};
   return el("div", { class: "trajectory", "data-id": ep.id },
     el("div", { class: "traj-head" },
-      el("div", { class: "muted" }, `${ep.id} · step ${r.step ?? "–"} · group ${r.group_index ?? "–"} sample ${r.index ?? "–"}`),
+      el("div", { class: "muted" }, `${ep.id} · ${ep.series} step ${ep.step ?? "–"} · group ${r.group_index ?? "–"} sample ${r.index ?? "–"}`),
       el("div", { class: "task" }, `${r.scenario}#${r.task_idx}: ${r.task || ""}`),
       el("div", { class: "kv" },
         el("span", {}, el("b", {}, "type "), r.task_type || "unlabelled"),
