@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from awm_grpo.traces import LIVE_FILE
-
 MAX_DEPTH = 4  # how deep under the root runs are looked for (root/RUN/traces/*.jsonl is depth 2)
 STEP_FILE = re.compile(r"^(?P<series>rollout|eval_(?P<set>.+))_(?P<step>\d+)\.jsonl$")
 
@@ -47,16 +45,15 @@ def trace_file(name: str) -> TraceFile:
 
 
 def _is_trace(path: Path) -> bool:
-    """A JSONL whose first record looks like an episode (scenario and turns), not metrics or prompts."""
-    if path.name == LIVE_FILE:
-        return False
+    """A JSONL whose first record is an episode (a scenario and a list of turns): not metrics, prompts, or
+    the live view's short lines (their `turns` is a count)."""
     try:
         with open(path) as f:
             first = f.readline()
         record = json.loads(first)
     except (OSError, ValueError):
         return False
-    return isinstance(record, dict) and "scenario" in record and "turns" in record
+    return isinstance(record, dict) and "scenario" in record and isinstance(record.get("turns"), list)
 
 
 def find_runs(root: Path) -> dict[str, Path]:
@@ -222,8 +219,12 @@ class RunStore:
         return episode(self.run_dir(run), name, int(line))
 
     def summary(self, run: str) -> dict[str, Any]:
-        """What the page loads for a run: its files, curves, filter values and episode rows."""
+        """What the page loads for a run: its files, curves, filter values, task texts and episode rows."""
         rows = self.rows(run)
         files = [{"name": tf.name, "series": tf.series, "step": tf.step,
                   "episodes": sum(r["file"] == tf.name for r in rows)} for tf in trace_files(self.run_dir(run))]
-        return {"run": run, "files": files, "curves": curves(rows), "facets": facets(rows), "episodes": rows}
+        # each task's text once, not once per episode: a long run has thousands of episodes per task
+        tasks = {f"{r['scenario']}#{r['task_idx']}": r["task"] for r in rows}
+        slim = [{k: v for k, v in r.items() if k != "task"} for r in rows]
+        return {"run": run, "files": files, "curves": curves(rows), "facets": facets(rows), "tasks": tasks,
+                "episodes": slim}

@@ -59,6 +59,7 @@ def test_runs_are_found_below_the_root_and_a_bad_root_says_what_to_pass(run_root
     assert list(find_runs(run_root)) == ["traces"]
     assert list(find_runs(run_root / "traces")) == ["."]
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "awm/episodes": 4}\n')  # not a trace file
+    (tmp_path / "live.jsonl").write_text('{"step": 0, "scenario": "library_lending_1", "turns": 3}\n')  # live view
     assert find_runs(tmp_path) == {}
     with pytest.raises(TraceError, match="pass a run directory"):
         find_runs(tmp_path / "missing")
@@ -71,6 +72,8 @@ def test_store_summarises_steps_curves_and_filters_of_the_real_run(run_root):
     curve = summary["curves"]["rollout"]
     assert [(p["step"], p["episodes"], p["success_rate"]) for p in curve] == [(0, 2, 0.5), (1, 2, 0.0)]
     assert [p["reward_mean"] for p in curve] == [0.5, 0.0]  # complete 1, others 0
+    assert summary["tasks"]["library_lending_1#0"].startswith("How many copies of 'The Left Hand of Darkness'")
+    assert "task" not in summary["episodes"][0]  # each task's text once, in `tasks`
     assert summary["facets"]["task_type"] == ["info_seeking", "state_mutating"]
     assert summary["facets"]["outcome"] == ["success", "failure"]
     assert [(r["task_idx"], r["outcome"], r["turns"]) for r in summary["episodes"]] == [

@@ -156,6 +156,8 @@ function filtered() {
   return summary.episodes.filter((r) => FILTERS.every((k) => !s[k] || String(r[k]) === s[k]));
 }
 
+const taskText = (r) => summary.tasks[`${r.scenario}#${r.task_idx}`] || "";
+
 function renderEpisodes() {
   const rows = filtered();
   const s = state();
@@ -166,8 +168,8 @@ function renderEpisodes() {
     el("tr", { "data-id": r.id, "data-outcome": r.outcome, class: r.id === s.ep || r.id === s.cmp ? "selected" : null,
                onclick: () => setState({ ep: r.id, cmp: "", turn: "" }) },
       el("td", {}, r.step === null ? "–" : r.step),
-      el("td", { class: "task-cell", title: `${r.task_type}: ${r.task}` },
-         el("b", {}, `${r.scenario}#${r.task_idx}`), " ", el("span", { class: "muted" }, r.task)),
+      el("td", { class: "task-cell", title: `${r.task_type}: ${taskText(r)}` },
+         el("b", {}, `${r.scenario}#${r.task_idx}`), " ", el("span", { class: "muted" }, taskText(r))),
       el("td", {}, r.turns),
       el("td", { class: "outcome-" + r.outcome }, r.outcome), el("td", {}, fmt(r.reward, 2)))));
 }
