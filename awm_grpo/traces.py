@@ -273,7 +273,11 @@ def _viewer(args: argparse.Namespace) -> int:
         return 0
     from awm_grpo.viewer.server import serve
 
-    serve(Path(args.run_dir), args.host, args.port)
+    try:
+        serve(Path(args.run_dir), args.host, args.port)
+    except OSError as exc:  # e.g. the port is taken
+        print(f"cannot serve on {args.host}:{args.port}: {exc}; pick another with --port", file=sys.stderr)
+        return 1
     return 0
 
 

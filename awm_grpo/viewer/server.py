@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from aiohttp import web
 from awm_grpo.viewer.store import RunStore, TraceError
 
 STATIC = Path(__file__).resolve().parent / "static"
-logger = logging.getLogger("awm_grpo")
 STORE = web.AppKey("store", RunStore)
 
 
@@ -80,5 +78,5 @@ def make_app(root: Path) -> web.Application:
 def serve(root: Path, host: str = "127.0.0.1", port: int = 8765) -> None:
     """Serve until Ctrl-C."""
     app = make_app(root)
-    print(f"trajectory viewer for {Path(root).resolve()} on http://{host}:{port}/  (Ctrl-C to stop)", flush=True)
-    web.run_app(app, host=host, port=port, print=None)
+    line = f"trajectory viewer for {Path(root).resolve()} on http://{host}:{port}/  (Ctrl-C to stop)"
+    web.run_app(app, host=host, port=port, print=lambda _started: print(line, flush=True))  # once it listens

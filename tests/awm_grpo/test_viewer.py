@@ -163,6 +163,14 @@ def test_serve_command_starts_the_viewer_on_loopback(run_root):
         proc.wait(timeout=10)
 
 
+def test_serve_on_a_taken_port_says_to_pick_another(run_root, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert traces_main(["serve", str(run_root), "--port", str(taken.getsockname()[1])]) == 1
+    assert "pick another with --port" in capsys.readouterr().err
+
+
 def test_export_writes_one_self_contained_page(run_root, tmp_path, capsys):
     assert traces_main(["export", str(run_root), str(tmp_path / "out")]) == 0
     page = (tmp_path / "out" / "index.html").read_text()
