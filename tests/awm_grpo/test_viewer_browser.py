@@ -181,6 +181,8 @@ async def drive(binary: Path, env: dict[str, str], root: Path, tmp: Path) -> dic
                 seen["pair"] = await page.js("[...document.querySelectorAll('#detail.pair .trajectory')]"
                                              ".map(t => [t.dataset.id, t.querySelectorAll('.turn').length])")
                 seen["diverged"] = await page.js("document.querySelectorAll('#detail .turn.diverged').length")
+                seen["turn2_tops"] = await page.js("[...document.querySelectorAll('#detail .turn[data-turn=\"2\"]')]"
+                                                   ".map(t => Math.round(t.getBoundingClientRect().top))")
                 seen["hash"] = await page.js("location.hash")
                 seen["shot_compare"] = await page.screenshot(tmp / "viewer-compare.png")
                 await page.click("#close-compare")
@@ -223,6 +225,7 @@ def test_viewer_in_headless_chromium(tmp_path, tiny_model_dir, scripted):
     assert "checkout_copy" in seen["turn2"] and "changed this turn" in seen["turn2"] and "Φ 1.00 (+1.00)" in seen["turn2"]
     assert seen["options"] == ["", "rollout_000000.jsonl:1", "rollout_000001.jsonl:0"]  # task 3's other episodes
     assert seen["pair"] == [["rollout_000000.jsonl:0", 5], ["rollout_000000.jsonl:1", 2]]
+    assert len(seen["turn2_tops"]) == 2 and seen["turn2_tops"][0] == seen["turn2_tops"][1]  # turn i beside turn i
     assert seen["diverged"] >= 2  # turn 1: A listed the tools (no change), B checked out: marked on both sides
     assert "cmp=rollout_000000.jsonl%3A1" in seen["hash"] and seen["single"] == 1
     assert 0 <= seen["turn2_below_head"] <= 20  # a link to a turn scrolls the trajectory to it

@@ -302,7 +302,11 @@ async function renderDetail() {
   const second = await api("/api/episode", { run: s.run, id: s.cmp });
   const diverged = divergence(first, second);
   detail.className = "pair";
-  detail.replaceChildren(trajectory(first, diverged), trajectory(second, diverged));
+  const columns = [trajectory(first, diverged), trajectory(second, diverged)];
+  // one grid row per turn shared by both columns (CSS subgrid): turn i sits beside turn i
+  const rows = Math.max(first.record.turns.length, second.record.turns.length) + 2;
+  for (const column of columns) column.style.gridRow = `1 / span ${rows}`;
+  detail.replaceChildren(...columns);
 }
 
 function scrollToTurn() {
