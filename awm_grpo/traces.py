@@ -16,6 +16,8 @@ timings (generate / env / verify seconds); weight version.
 
     python -m awm_grpo.traces summary RUN/traces            # success by scenario and task type
     python -m awm_grpo.traces watch RUN/traces              # follow episodes as they finish
+    python -m awm_grpo.traces serve RUN                     # browse trajectories: http://127.0.0.1:8765/
+    python -m awm_grpo.traces export RUN OUT_DIR            # the same as one self-contained HTML file
 """
 
 from __future__ import annotations
@@ -211,7 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     sp = sub.add_parser("watch", help="print episodes as they finish (reads live.jsonl), Ctrl-C to stop")
     sp.add_argument("trace_dir")
     sp.add_argument("--interval", type=float, default=1.0)
+    sp = sub.add_parser("serve", help="browse runs, steps and trajectories in a local web page (docs/viewer.md)")
+    sp.add_argument("run_dir", help="a run directory, its traces/ folder, or a folder of runs")
+    sp.add_argument("--port", type=int, default=8765)
+    sp.add_argument("--host", default="127.0.0.1", help="127.0.0.1: this machine only (traces hold model outputs)")
+    sp = sub.add_parser("export", help="write the viewer with the run's data as one self-contained HTML file")
+    sp.add_argument("run_dir")
+    sp.add_argument("out_dir")
+    sp.add_argument("--max-episodes", type=int, default=0, help="per run, the first N episodes only (0: all)")
     args = parser.parse_args(argv)
+    if args.command in ("serve", "export"):
+        return _viewer(args)
     if args.command == "summary":
         records = read_records(args.trace_dir, args.pattern)
         if not records:
@@ -241,6 +253,32 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("seen:", dict(done))
         return 0
+
+
+def _viewer(args: argparse.Namespace) -> int:
+    from awm_grpo.viewer.store import TraceError, find_runs
+
+    try:
+        if not find_runs(Path(args.run_dir)):
+            print(f"no trace files under {args.run_dir}: point at a run directory (SAVE_DIR, its traces/) or the "
+                  "folder of `python -m awm_grpo.eval --out FILE`", file=sys.stderr)
+            return 1
+    except TraceError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.command == "export":
+        from awm_grpo.viewer.export import export
+
+        print(export(Path(args.run_dir), Path(args.out_dir), args.max_episodes))
+        return 0
+    from awm_grpo.viewer.server import serve
+
+    try:
+        serve(Path(args.run_dir), args.host, args.port)
+    except OSError as exc:  # e.g. the port is taken
+        print(f"cannot serve on {args.host}:{args.port}: {exc}; pick another with --port", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
