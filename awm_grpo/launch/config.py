@@ -386,7 +386,10 @@ def check(cfg: ResolvedConfig) -> list[str]:
         raise ConfigError("training.over_sampling_batch_size must be >= training.rollout_batch_size")
     if v["environment.transport"] == "mcp" and not v["environment.mcp_urls"] and v["environment.mcp_servers"] < 1:
         raise ConfigError("environment.transport = mcp needs environment.mcp_urls or environment.mcp_servers >= 1")
-    if cfg.profile != "cpu":
+    if v["training.async"] and v["hardware.colocate"]:
+        raise ConfigError("training.async (ASYNC) generates while it trains, so the engines cannot share the "
+                          "trainer's devices: set hardware.colocate false (COLOCATE=false)")
+    if cfg.profile != "cpu" and v["hardware.ray_address"] is None:  # one machine; a cluster places by itself
         used = v["hardware.train_num_gpus"] + (0 if v["hardware.colocate"] else v["hardware.rollout_num_gpus"])
         if used > v["hardware.num_gpus"]:
             warnings.append(f"{used} GPUs requested (train + rollout) but hardware.num_gpus = {v['hardware.num_gpus']}")
