@@ -242,7 +242,8 @@ def knob_table() -> str:
              "|---" * (len(PROFILE_NAMES) + 4) + "|"]
     for knob in KNOBS:
         values = [_cell({**PROFILES["base"], **PROFILES[p]}.get(knob.key)).replace("|", "\\|") for p in PROFILE_NAMES]
-        lines.append(f"| `{knob.key}` | `{knob.env}` | `{knob.target}` | " + " | ".join(values)
+        names = f"`{knob.env}`" + (f" or `{knob.alias}`" if knob.alias else "")
+        lines.append(f"| `{knob.key}` | {names} | `{knob.target}` | " + " | ".join(values)
                      + f" | {knob.doc.replace('|', '/')} |")
     return "\n".join(lines) + "\n"
 
@@ -285,7 +286,8 @@ def config_template(width: int = 118) -> str:
         lines.append(f"{section}:".ljust(27) + f"# {note}" if note else f"{section}:")
         for knob in (k for k in KNOBS if k.key.split(".")[0] == section):
             goes = "" if knob.target == "launcher" else f" -> {knob.target.removeprefix('yaml:')}"
-            text = f"# {knob.env}{goes}: {knob.doc.rstrip('.')}. Default: {_default_text(knob.key)}"
+            names = knob.env + (f" (or {knob.alias})" if knob.alias else "")
+            text = f"# {names}{goes}: {knob.doc.rstrip('.')}. Default: {_default_text(knob.key)}"
             head = f"  {knob.key.split('.', 1)[1]}: auto"
             indent = max(27, len(head) + 1)
             wrapped = textwrap.wrap(text, width - indent, subsequent_indent="#   ", break_on_hyphens=False)
@@ -304,9 +306,18 @@ def resolve(config_path: str | Path | None = None, *, sets: Mapping[str, str] | 
     cwd = Path(cwd or os.getcwd())
     file_path = Path(config_path) if config_path else DEFAULT_CONFIG
     file_values = load_file(file_path)
+    def env_var(knob: Knob) -> str:
+        """The variable that sets the knob: its own, or its alias when only the alias is set."""
+        if not knob.alias or knob.alias not in env:
+            return knob.env
+        if knob.env in env and env[knob.env] != env[knob.alias]:
+            raise ConfigError(f"env {knob.env}={env[knob.env]!r} and {knob.alias}={env[knob.alias]!r} set the same "
+                              f"knob ({knob.key}) differently: unset one")
+        return knob.env if knob.env in env else knob.alias
+
     layers: list[tuple[str, Callable[[Knob], Any], Path]] = [
         ("cli --set", lambda k: sets.get(k.key), cwd),
-        ("env", lambda k: env.get(k.env), cwd),
+        ("env", lambda k: env.get(env_var(k)), cwd),
         ("file", lambda k: file_values[k.key][0] if k.key in file_values else None, file_path.parent),
     ]
 
@@ -318,7 +329,7 @@ def resolve(config_path: str | Path | None = None, *, sets: Mapping[str, str] | 
             elif raw is None:
                 continue
             else:
-                where = f"env {knob.env}" if name == "env" else f"cli --set {knob.key}"
+                where = f"env {env_var(knob)}" if name == "env" else f"cli --set {knob.key}"
             if _is_auto(raw):
                 continue
             value = coerce(knob, raw, where)
@@ -400,4 +411,4 @@ def check(cfg: ResolvedConfig) -> list[str]:
 
 
 KNOB_BY_KEY = {k.key: k for k in KNOBS}
-KNOB_BY_ENV = {k.env: k for k in KNOBS}
+KNOB_BY_ENV = {**{k.alias: k for k in KNOBS if k.alias}, **{k.env: k for k in KNOBS}}

@@ -32,6 +32,7 @@ class Knob:
     doc: str
     nullable: bool = False
     choices: tuple[str, ...] = ()
+    alias: str = ""  # a second variable name (slime's own), read when the first is not set
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,8 @@ KNOBS: tuple[Knob, ...] = (
     K("hardware.num_gpus", "NUM_GPUS", "int", "--num-gpus-per-node",
       "GPUs of this machine (auto: nvidia-smi); derives rollout_num_gpus, checked against train + rollout"),
     K("hardware.train_num_gpus", "TRAIN_NUM_GPUS", "int", "--actor-num-gpus-per-node",
-      "GPUs of the trainer per trainer node (slime's ACTOR_NUM_GPUS_PER_NODE): one data-parallel rank each "
-      "(FSDP2 shards the model over all of them)"),
+      "GPUs of the trainer per trainer node: one data-parallel rank each (FSDP2 shards the model over all of "
+      "them)", alias="ACTOR_NUM_GPUS_PER_NODE"),
     K("hardware.actor_num_nodes", "ACTOR_NUM_NODES", "int", "--actor-num-nodes",
       "nodes of the trainer (multi-node: ranks = actor_num_nodes x train_num_gpus, over the Ray cluster)"),
     K("hardware.rollout_num_gpus", "ROLLOUT_NUM_GPUS", "int", "--rollout-num-gpus", "GPUs of the engines"),

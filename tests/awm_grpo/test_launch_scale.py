@@ -83,3 +83,14 @@ def test_node_counts_become_slimes_cluster_flags(tmp_path):
     assert (args.rollout_num_gpus, args.rollout_num_gpus_per_engine, args.colocate) == (16, 2, False)
     single = C.resolve(None, env={k: v for k, v in env.items() if k != "RAY_ADDRESS"}, gpus=C.parse_nvidia_smi(H100))
     assert [w for w in single.warnings if "24 GPUs requested" in w]  # one machine of 8 cannot hold them
+
+
+def test_slimes_variable_name_sets_the_trainer_gpus_per_node():
+    gpus = C.parse_nvidia_smi(H100)
+    cfg = C.resolve(None, env={"ACTOR_NUM_GPUS_PER_NODE": "4"}, gpus=gpus)
+    assert cfg["hardware.train_num_gpus"] == 4 and cfg.sources["hardware.train_num_gpus"] == "env ACTOR_NUM_GPUS_PER_NODE"
+    same = C.resolve(None, env={"ACTOR_NUM_GPUS_PER_NODE": "4", "TRAIN_NUM_GPUS": "4"}, gpus=gpus)
+    assert same.sources["hardware.train_num_gpus"] == "env TRAIN_NUM_GPUS"
+    with pytest.raises(C.ConfigError, match="TRAIN_NUM_GPUS='2' and ACTOR_NUM_GPUS_PER_NODE='4'"):
+        C.resolve(None, env={"ACTOR_NUM_GPUS_PER_NODE": "4", "TRAIN_NUM_GPUS": "2"}, gpus=gpus)
+    assert C.parse_sets(["ACTOR_NUM_GPUS_PER_NODE=2"]) == {"hardware.train_num_gpus": "2"}
