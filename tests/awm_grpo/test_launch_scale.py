@@ -88,7 +88,8 @@ def test_node_counts_become_slimes_cluster_flags(tmp_path):
 def test_slimes_variable_name_sets_the_trainer_gpus_per_node():
     gpus = C.parse_nvidia_smi(H100)
     cfg = C.resolve(None, env={"ACTOR_NUM_GPUS_PER_NODE": "4"}, gpus=gpus)
-    assert cfg["hardware.train_num_gpus"] == 4 and cfg.sources["hardware.train_num_gpus"] == "env ACTOR_NUM_GPUS_PER_NODE"
+    assert cfg["hardware.train_num_gpus"] == 4
+    assert cfg.sources["hardware.train_num_gpus"] == "env ACTOR_NUM_GPUS_PER_NODE"
     same = C.resolve(None, env={"ACTOR_NUM_GPUS_PER_NODE": "4", "TRAIN_NUM_GPUS": "4"}, gpus=gpus)
     assert same.sources["hardware.train_num_gpus"] == "env TRAIN_NUM_GPUS"
     with pytest.raises(C.ConfigError, match="TRAIN_NUM_GPUS='2' and ACTOR_NUM_GPUS_PER_NODE='4'"):

@@ -93,8 +93,8 @@ def actor_nodes(address: str) -> dict[str, set[str]]:
 @pytest.mark.slow
 def test_recipe_runs_on_a_two_node_ray_cluster(two_nodes, tiny_model_dir, tmp_path):
     save = tmp_path / "run"
-    env = {**os.environ, "PYTHON": sys.executable, "RAY_ADDRESS": two_nodes["address"], "HF_CKPT": str(tiny_model_dir),
-           "SAVE_DIR": str(save), "AWM_SPLITS_DIR": str(tmp_path / "splits"), "NUM_ROLLOUT": "2",
+    env = {**os.environ, "PYTHON": sys.executable, "RAY_ADDRESS": two_nodes["address"],
+           "HF_CKPT": str(tiny_model_dir), "SAVE_DIR": str(save), "AWM_SPLITS_DIR": str(tmp_path / "splits"), "NUM_ROLLOUT": "2",
            "ROLLOUT_BATCH_SIZE": "2", "N_SAMPLES_PER_PROMPT": "2", "AWM_MAX_TURNS": "2",
            "ROLLOUT_MAX_RESPONSE_LEN": "256", "AWM_MAX_TOKENS_PER_TURN": "32", "SKIP_EVAL_BEFORE_TRAIN": "true",
            "EVAL_INTERVAL": "100", "SAVE_INTERVAL": "100"}
