@@ -81,7 +81,16 @@ def create_placement(args: argparse.Namespace) -> Placement:
     ray.get(group.ready(), timeout=120)
     first_engine = 0 if args.colocate else n_train
     engines = [first_engine + i * per_engine for i in range(n_rollout // per_engine)]
+    nodes = bundle_nodes(group)
+    logger.info("placement: train ranks on nodes %s, engines on nodes %s",
+                [nodes.get(b, "?") for b in range(n_train)], [nodes.get(b, "?") for b in engines])
     return Placement(group, use_gpu, 0, engines, args.colocate)
+
+
+def bundle_nodes(group: PlacementGroup) -> dict[int, str]:
+    """{bundle index: the first 8 hex digits of the Ray node id holding it} (which node runs what, for the log)."""
+    table = ray.util.placement_group_table(group)
+    return {int(b): str(node)[:8] for b, node in table.get("bundles_to_node_id", {}).items()}
 
 
 @ray.remote

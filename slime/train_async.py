@@ -17,7 +17,8 @@ Save and resume work as in `python -m slime.train`: a checkpoint after step k st
 position from before step k+1's in-flight draws, so a resumed run regenerates step k+1 from the
 same prompts. Per-step overlap figures: `async/rollout_overlap_s` (how much of this step's rollout
 ran during the previous step's training), `async/rollout_overlap_ratio` (that over the rollout
-time) and `async/wait_for_rollout_s` (how long training waited for this step's rollout).
+time) and `async/wait_for_rollout_s` (how long the trainer sat idle, from the end of its previous
+step, until this step's rollout was in).
 """
 
 from __future__ import annotations
@@ -74,14 +75,19 @@ class AsyncRun(Run):
 
 
 def overlap_metrics(batch: StepBatch, previous_train: tuple[float, float] | None, waited: float) -> dict[str, float]:
-    """How much of this step's rollout ran while the previous step trained.
+    """How much of this step's rollout ran while the previous step trained, and how long training waited.
 
     overlap = max(0, min(gen_end, train_end) - max(gen_start, train_start)); ratio = overlap / rollout time.
+    wait = gen_end - previous train_end (>= 0): the trainer idles from the end of its previous step until
+    this rollout is in, whether it waits in the loop or in `end_step` (the weight sync waits for the
+    in-flight generation, so with `--update-weights-interval 1` that is where it waits). First step:
+    `waited`, the time the loop awaited the rollout.
     """
     rollout_s = batch.finished - batch.started
     overlap = 0.0
     if previous_train is not None:
         overlap = max(0.0, min(batch.finished, previous_train[1]) - max(batch.started, previous_train[0]))
+        waited = max(0.0, batch.finished - previous_train[1])
     return {
         "async/rollout_overlap_s": overlap,
         "async/rollout_overlap_ratio": overlap / rollout_s if rollout_s > 0 else 0.0,

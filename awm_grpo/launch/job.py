@@ -6,10 +6,11 @@ Steps: resolve every knob (`awm_grpo.launch.config`; printed with its source), c
 errors that say what to run (model folder, data folder, splits: written with `awm_grpo.data_prep`
 when missing), write the runtime YAML (`<save_dir>/awm_runtime.yaml`, the `awm_*` keys the rollout
 reads, passed as `--custom-config-path`), check the command against slime's own parser, then run
-`python -m slime.train` as a child in its own process group. With `environment.transport: mcp` and
-no URLs it first starts `awm env start` servers. On exit, Ctrl-C or SIGTERM it stops exactly the
-processes it started (`awm_grpo.launch.processes`). Flags after `--` go to slime.train verbatim, last,
-so they win over the knobs (argparse keeps the last value).
+`python -m slime.train` (`slime.train_async` under training.async) as a child in its own process
+group. With `environment.transport: mcp` and no URLs it first starts `awm env start` servers. On
+exit, Ctrl-C or SIGTERM it stops exactly the processes it started (`awm_grpo.launch.processes`).
+Flags after `--` go to slime.train verbatim, last, so they win over the knobs (argparse keeps the
+last value). With hardware.ray_address set, slime joins that Ray cluster (docs/recipe.md, Multi-node).
 """
 
 from __future__ import annotations
@@ -95,7 +96,12 @@ def slime_command(cfg: ResolvedConfig, runtime_yaml: str | Path, extra: list[str
              *PLUGINS, "--custom-config-path", str(runtime_yaml)]
     if cfg["recovery.credit_method"] is not None:  # the recovery method's per-turn credit (awm_grpo.recovery)
         fixed += ["--custom-advantage-function-path", "awm_grpo.recovery.advantages"]
-    return [sys.executable, "-m", "slime.train", *knob_flags(cfg), *fixed, *(extra or [])]
+    return [sys.executable, "-m", trainer_module(cfg), *knob_flags(cfg), *fixed, *(extra or [])]
+
+
+def trainer_module(cfg: ResolvedConfig) -> str:
+    """slime.train_async (one step off-policy) under training.async, else slime.train; both take the same flags."""
+    return "slime.train_async" if cfg["training.async"] else "slime.train"
 
 
 def check_against_slime(cmd: list[str]) -> list[str]:
@@ -221,6 +227,11 @@ def child_env(cfg: ResolvedConfig) -> dict[str, str]:
     if cfg.profile == "cpu":  # local model, local single-machine Ray (as examples/toy_single_turn does)
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray's own ray.init() reads RAY_ADDRESS too: the trainer must see exactly the knob's value (which
+    # --ray-address also carries), not a leftover `auto` that would make a local run join another cluster.
+    env.pop("RAY_ADDRESS", None)
+    if cfg["hardware.ray_address"]:
+        env["RAY_ADDRESS"] = cfg["hardware.ray_address"]
     return env
 
 
@@ -311,9 +322,10 @@ def run(cfg: ResolvedConfig, cmd: list[str], runtime_yaml: Path, grace_s: float)
             urls = start_mcp_servers(cfg, children, env)
         runtime_yaml.write_text(yaml.safe_dump(runtime_config(cfg, urls), sort_keys=False))
         logger.info("command: %s", " ".join(cmd))
-        trainer = children.start("slime.train", cmd, env=env, cwd=REPO)
+        name = trainer_module(cfg)
+        trainer = children.start(name, cmd, env=env, cwd=REPO)
         code = trainer.wait()
-        logger.info("slime.train exited with code %d", code)
+        logger.info("%s exited with code %d", name, code)
         return code
     except Stopped as stop:
         logger.warning("got %s: stopping the processes this launcher started", stop)

@@ -46,14 +46,17 @@ def quiet_transformers() -> None:
 class EngineActor:
     """One CPU engine serving SGLang's HTTP API from this actor's process."""
 
-    def __init__(self, model_path: str, port: int, seed: int, max_batch_size: int, prefix_cache_tokens: int):
+    def __init__(self, model_path: str, port: int, seed: int, max_batch_size: int, prefix_cache_tokens: int,
+                 on_node_ip: bool = False):
+        """on_node_ip: listen on this node's IP, not loopback: the driver may run on another node (--ray-address)."""
         import torch
 
         from slime.engine.cpu_server import CPUEngine
 
         quiet_transformers()
         torch.set_num_threads(max(os.cpu_count() or 1, 1))
-        self.engine = CPUEngine(model_path, host="127.0.0.1", port=port, seed=seed, max_batch_size=max_batch_size,
+        host = ray.util.get_node_ip_address() if on_node_ip else "127.0.0.1"
+        self.engine = CPUEngine(model_path, host=host, port=port, seed=seed, max_batch_size=max_batch_size,
                                 prefix_cache_tokens=prefix_cache_tokens)
 
     def start(self) -> dict[str, Any]:
@@ -133,7 +136,7 @@ class EnginePool:
             log_dir = str(Path(a.save) / "logs") if getattr(a, "save", None) else None
             return SGLangEngineActor.options(**opts).remote(a, self.weights_path, port, i, self._gpu_ids[i], log_dir)
         return EngineActor.options(**opts).remote(self.weights_path, port, a.engine_seed + i, a.engine_max_batch_size,
-                                                  a.engine_prefix_cache_tokens)
+                                                  a.engine_prefix_cache_tokens, bool(getattr(a, "ray_address", None)))
 
     async def _start_one(self, i: int) -> None:
         for port in dict.fromkeys((self.ports[i], 0)):  # old port first, so HTTP retries reconnect
