@@ -192,6 +192,7 @@ class CreditConfig:
     estimator: Literal["carry", "naive"] = "carry"
     baseline: Literal["loo", "mean"] = "loo"
     scale: Literal["none", "group_std"] = "none"
+    binary_only: bool = False  # ablation S1: Phi from binarised predicates (the rollout records both)
     max_turns: int = 15
     eps: float = 1e-6
 

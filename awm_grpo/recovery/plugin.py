@@ -75,8 +75,14 @@ def credit_config(args: argparse.Namespace) -> tuple[CreditConfig, bool]:
                        gamma_v=float(get("gamma_v", d.gamma_v)), eta=float(get("eta", d.eta)),
                        progress_form=get("progress_form", d.progress_form), estimator=get("estimator", d.estimator),
                        baseline=get("baseline", d.baseline), scale=get("scale", d.scale),
+                       binary_only=bool(get("binary_only", d.binary_only)),
                        max_turns=int(getattr(args, "awm_max_turns", None) or d.max_turns))
-    return cfg, bool(get("binary_only", False))
+    for name, value, allowed in (("progress_form", cfg.progress_form, ("difference", "potential")),
+                                 ("estimator", cfg.estimator, ("carry", "naive")),
+                                 ("baseline", cfg.baseline, ("loo", "mean")), ("scale", cfg.scale, ("none", "group_std"))):
+        if value not in allowed:
+            raise ValueError(f"awm_credit_{name} {value!r} is unknown: use one of {', '.join(allowed)}")
+    return cfg, cfg.binary_only
 
 
 def _valid(sample: Sample) -> bool:

@@ -206,7 +206,8 @@ RUNTIME_KEYS = {
     "awm_max_repeated_calls", "awm_tool_timeout", "awm_verifier_timeout", "awm_env_workers", "awm_trace_dir",
     "awm_enable_thinking", "awm_reward_complete", "awm_reward_partial", "awm_reward_other",
     "awm_max_tokens_per_turn", "awm_predicates", "awm_credit_method", "awm_credit_lambda", "awm_credit_beta",
-    "awm_credit_eta"}
+    "awm_credit_eta", "awm_credit_gamma_v", "awm_credit_progress_form", "awm_credit_estimator", "awm_credit_baseline",
+    "awm_credit_scale", "awm_credit_binary_only"}
 
 
 def test_reference_variables_are_knobs_and_names_are_unique():
