@@ -85,6 +85,9 @@ KNOBS: tuple[Knob, ...] = (
     K("data.max_scenarios", "AWM_MAX_SCENARIOS", "int", "launcher", "data_prep --max-scenarios", nullable=True),
     K("data.exclude_file", "AWM_EXCLUDE_FILE", "path", "launcher", "data_prep --exclude (an audit file)",
       nullable=True),
+    K("data.task_mix", "AWM_TASK_MIX", "str", "launcher",
+      "data_prep --task-mix: training prompts natural (R1), state-mutating tasks twice (R2) or only (R3); "
+      "val/test unchanged", choices=("natural", "mutating_2x", "mutating_only")),
     K("training.num_rollout", "NUM_ROLLOUT", "int", "--num-rollout", "training steps (rollout + train)"),
     K("training.async", "ASYNC", "bool", "launcher",
       "one step off-policy: run python -m slime.train_async (step k+1's rollout is generated with step k's "
@@ -252,6 +255,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "hardware.colocate": Derived(lambda get, g: not get("training.async"), "true (false when training.async)"),
         "hardware.ray_num_cpus": 8, "hardware.ray_address": None, "hardware.actor_num_nodes": 1,
         "data.split_by": "scenario", "data.split_seed": 42, "data.max_scenarios": None, "data.exclude_file": None,
+        "data.task_mix": "natural",
         "training.num_rollout": 200, "training.async": False,
         # Prompts a step per GPU that generates (docs/gpu.md has the arithmetic): one H200
         # engine holds about 64 episodes of this recipe in its KV cache, and a step's rollout lasts as
