@@ -65,6 +65,7 @@ class RolloutConfig:
     enable_thinking: bool = False
     trace_dir: str | None = None
     predicates: str | None = None  # predicates JSONL: per-turn progress (awm_grpo.recovery.progress)
+    judge: Any = None  # awm_grpo.recovery.judge.JudgeConfig: B2+'s per-call helpfulness scores (awm_judge_url)
 
     def __post_init__(self) -> None:
         if self.predicates and self.env.transport != "inprocess":
@@ -104,7 +105,7 @@ class RolloutConfig:
                   terminate_on_invalid_call=bool(get("terminate_on_invalid_call", True)),
                   max_repeated_calls=int(get("max_repeated_calls", 3)),
                   enable_thinking=bool(get("enable_thinking", False)), trace_dir=get("trace_dir", None),
-                  predicates=get("predicates", None))
+                  predicates=get("predicates", None), judge=_judge_config(args))
         args._awm_rollout_config = cfg
         return cfg
 
@@ -135,6 +136,7 @@ class Episode:
     tool_calls: int = 0
     drift_tokens: int = 0
     recovery: dict[str, Any] | None = None  # awm_grpo.recovery.progress: Phi_0, preservation, per-turn credit signals
+    judge: list[float | None] | None = None  # B2+: the judge's score per turn (None: no tool ran)
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0})
 
     def summary(self) -> dict[str, Any]:
@@ -143,7 +145,7 @@ class Episode:
                 "stop_reason": self.stop_reason, "verdict": self.verdict, "infra_error": self.infra_error,
                 "invalid_calls": self.invalid_calls, "tool_calls": self.tool_calls,
                 "drift_tokens": self.drift_tokens, "verifier_result": self.verifier_result,
-                "timings": self.timings, "credit": (self.recovery or {}).get("credit")}
+                "timings": self.timings, "credit": (self.recovery or {}).get("credit"), "judge": self.judge}
 
 
 def _training_step(sample: Sample) -> int:
@@ -335,6 +337,27 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         episode.recovery = await asyncio.to_thread(turns.progress.finish, episode.turns)
         episode.recovery["prefix_turns"] = sum(m["role"] == "assistant" for m in prefix)
     await verify(cfg, env, episode)
+    if cfg.judge is not None and not episode.infra_error:
+        await judge_episode(args, cfg, episode)
+
+
+def _judge_config(args: argparse.Namespace) -> Any:
+    from awm_grpo.recovery.judge import JudgeConfig
+
+    return JudgeConfig.from_args(args)
+
+
+async def judge_episode(args: argparse.Namespace, cfg: RolloutConfig, episode: Episode) -> None:
+    """B2+: the judge's score of every turn that ran a tool; a judge failure is the episode's infra_error."""
+    from awm_grpo.recovery.judge import JudgeError, score_turns, shared_client
+
+    try:
+        episode.judge = await score_turns(shared_client(args, cfg.judge), episode.task, episode.turns)
+    except JudgeError as exc:
+        episode.infra_error = f"judge: {exc}"[:1000]
+        return
+    for turn, score in zip(episode.turns, episode.judge, strict=True):
+        turn["judge_score"] = score
 
 
 def _shared_encoder(args: argparse.Namespace, tokenizer: Any, cfg: RolloutConfig,

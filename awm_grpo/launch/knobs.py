@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from awm_grpo.recovery.credit import CreditConfig
+from awm_grpo.recovery.judge import JudgeConfig
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = "runs/awm_grpo"
@@ -186,9 +187,9 @@ KNOBS: tuple[Knob, ...] = (
       "predicates JSONL (`awm predicates build --out F`): per-turn progress in rollouts, traces and metrics",
       nullable=True),
     K("recovery.credit_method", "AWM_CREDIT_METHOD", "str", "yaml:awm_credit_method",
-      "null: slime's own advantages; else awm_grpo.recovery.advantages with this method (b2, ours and "
-      "traj_agg need predicates)", nullable=True,
-      choices=("b1", "b2", "ours", "traj_agg")),
+      "null: slime's own advantages; else awm_grpo.recovery.advantages with this method (b2, b2plus, ours and "
+      "traj_agg need predicates; b2plus also the judge)", nullable=True,
+      choices=("b1", "b2", "b2plus", "ours", "traj_agg")),
     K("recovery.credit_lambda", "AWM_CREDIT_LAMBDA", "float", "yaml:awm_credit_lambda", "progress weight lambda"),
     K("recovery.credit_beta", "AWM_CREDIT_BETA", "float", "yaml:awm_credit_beta", "verification bonus beta"),
     K("recovery.credit_eta", "AWM_CREDIT_ETA", "float", "yaml:awm_credit_eta", "turn discount eta"),
@@ -206,6 +207,19 @@ KNOBS: tuple[Knob, ...] = (
       "group's episode returns)", nullable=True, choices=("group_std",)),
     K("recovery.credit_binary_only", "AWM_CREDIT_BINARY_ONLY", "bool", "yaml:awm_credit_binary_only",
       "a scalar predicate counts 1 only when met exactly (ablation S1)"),
+    K("recovery.judge_url", "AWM_JUDGE_URL", "str", "yaml:awm_judge_url",
+      "B2+: base URL of an OpenAI-compatible endpoint (http://HOST:PORT/v1) whose model scores each tool call; "
+      "null: no judge", nullable=True),
+    K("recovery.judge_model", "AWM_JUDGE_MODEL", "str", "yaml:awm_judge_model", "B2+: the judge's model name",
+      nullable=True),
+    K("recovery.judge_api_key_env", "AWM_JUDGE_API_KEY_ENV", "str", "yaml:awm_judge_api_key_env",
+      "B2+: the environment variable that holds the judge's API key (unset: no key sent)"),
+    K("recovery.judge_concurrency", "AWM_JUDGE_CONCURRENCY", "int", "yaml:awm_judge_concurrency",
+      "B2+: judge requests in flight per rollout process"),
+    K("recovery.judge_timeout", "AWM_JUDGE_TIMEOUT", "float", "yaml:awm_judge_timeout",
+      "B2+: seconds per judge request (then retried; a judge that never answers fails the episode as infra)"),
+    K("recovery.judge_retries", "AWM_JUDGE_RETRIES", "int", "yaml:awm_judge_retries",
+      "B2+: retries of a failed judge request"),
     K("logging.tensorboard", "USE_TENSORBOARD", "bool", "--use-tensorboard", "tensorboard under save_dir"),
     K("logging.wandb_enabled", "WANDB_ENABLED", "bool", "--use-wandb", "log to wandb (key: WANDB_API_KEY)"),
     K("logging.wandb_project", "WANDB_PROJECT", "str", "--wandb-project", "wandb project"),
@@ -300,7 +314,10 @@ PROFILES: dict[str, dict[str, Any]] = {
         "recovery.credit_beta": CreditConfig.beta, "recovery.credit_eta": CreditConfig.eta,  # the method's home
         "recovery.credit_gamma_v": CreditConfig.gamma_v, "recovery.credit_progress_form": CreditConfig.progress_form,
         "recovery.credit_estimator": CreditConfig.estimator, "recovery.credit_baseline": CreditConfig.baseline,
-        "recovery.credit_scale": None if CreditConfig.scale == "none" else CreditConfig.scale, "recovery.credit_binary_only": CreditConfig.binary_only,
+        "recovery.credit_scale": None if CreditConfig.scale == "none" else CreditConfig.scale,
+        "recovery.judge_url": None, "recovery.judge_model": None, "recovery.judge_api_key_env": JudgeConfig.api_key_env,
+        "recovery.judge_concurrency": JudgeConfig.concurrency, "recovery.judge_timeout": JudgeConfig.timeout_s,
+        "recovery.judge_retries": JudgeConfig.retries, "recovery.credit_binary_only": CreditConfig.binary_only,
         "logging.tensorboard": True, "logging.wandb_enabled": False, "logging.wandb_project": "awm-grpo",
         "logging.wandb_group": None, "logging.wandb_mode": "offline",
     },

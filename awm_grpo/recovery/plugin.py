@@ -19,7 +19,7 @@ Switches (keys of the runtime YAML, i.e. attributes of args; unset ones take `cr
 
 | key | meaning |
 |---|---|
-| awm_credit_method | b1: outcome-only trajectory GRPO (= plain GRPO); b2: action-based step reward with turn-level credit; ours; traj_agg: ours' rewards summed per trajectory |
+| awm_credit_method | b1: outcome-only trajectory GRPO (= plain GRPO); b2: action-based step reward with turn-level credit; b2plus: an LLM judge's per-call score as the step reward (awm_grpo.recovery.judge); ours; traj_agg: ours' rewards summed per trajectory |
 | awm_credit_lambda | progress weight lambda |
 | awm_credit_beta | verification bonus beta (0 = no bonus, ablation V1) |
 | awm_credit_gamma_v | weight of the verification bonus |
@@ -58,7 +58,7 @@ from awm_grpo.reward import outcome
 from slime.algorithms.advantages import spread_turn_values
 from slime.utils.types import Sample
 
-METHODS = ("b1", "b2", "ours", "traj_agg")
+METHODS = ("b1", "b2", "b2plus", "ours", "traj_agg")
 
 
 def credit_config(args: argparse.Namespace) -> tuple[CreditConfig, bool]:
@@ -113,8 +113,10 @@ def signals(args: argparse.Namespace, sample: Sample, cfg: CreditConfig, binary_
     phi0 = credit["phi0_b"] if binary_only else credit["phi0"]
     first = next((t for t, bad in enumerate(credit["fmt"]) if bad), None)  # reward.py charges the penalty once
     fmt = [t == first for t in range(len(credit["fmt"]))]
+    judge = awm.get("judge")
     return EpisodeSignals([float(phi0), *map(float, phis)], list(credit["write"]), list(credit["error"]),
-                          list(credit["rel_read"]), fmt, r_out, list(credit["ok"]), list(credit["rel_tool"]))
+                          list(credit["rel_read"]), fmt, r_out, list(credit["ok"]), list(credit["rel_tool"]),
+                          None if judge is None else list(judge))
 
 
 def pad_turns(values: TurnValues, num_turns: int | None = None) -> Tensor:
