@@ -163,6 +163,9 @@ KNOBS: tuple[Knob, ...] = (
       'null (fixed max_turns) or {"rounds": [10, 20, 30], "every": 100}', nullable=True),
     K("environment.max_tokens_per_turn", "AWM_MAX_TOKENS_PER_TURN", "int", "yaml:awm_max_tokens_per_turn",
       "cap on one model turn (null: the remaining budget)", nullable=True),
+    K("environment.history_window_turns", "AWM_HISTORY_WINDOW_TURNS", "int", "yaml:awm_history_window_turns",
+      "B1's sliding window: past this many model turns the engine sees the task + the last K turns, and each such "
+      "turn trains as its own sample (needs credit_method b1); null: the full history", nullable=True),
     K("environment.max_observation_tokens", "AWM_MAX_OBSERVATION_TOKENS", "int", "yaml:awm_max_observation_tokens",
       "tool output cap (truncated with a marker)"),
     K("environment.invalid_call_penalty", "AWM_INVALID_CALL_PENALTY", "float", "yaml:awm_invalid_call_penalty",
@@ -304,7 +307,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "inference.engine_max_batch_size": 64,
         "environment.data_dir": GPU_DATA, "environment.transport": "inprocess", "environment.mcp_urls": [],
         "environment.mcp_servers": 1, "environment.tool_mode": "meta", "environment.calls_per_turn": "first",
-        "environment.max_turns": 15, "environment.turn_schedule": None, "environment.max_tokens_per_turn": None,
+        "environment.max_turns": 15, "environment.turn_schedule": None, "environment.max_tokens_per_turn": None, "environment.history_window_turns": None,
         "environment.max_observation_tokens": 2048, "environment.invalid_call_penalty": -1.0,
         "environment.terminate_on_invalid_call": False, "environment.max_repeated_calls": 3,
         "environment.tool_timeout": 30.0, "environment.verifier_timeout": 30.0, "environment.env_workers": 8,

@@ -155,9 +155,16 @@ def advantages(args: argparse.Namespace, samples: Sequence[Sample]) -> list[floa
     trajectory = cfg.method in ("b1", "traj_agg")
     out: list[float | list[float]] = [0.0] * len(samples)
     groups: dict[Any, list[int]] = defaultdict(list)
+    segment_of: dict[int, Any] = {}  # B1's sliding window: turns trained in samples of their own
     for i, s in enumerate(samples):
-        if _valid(s):
+        segment = (s.metadata or {}).get("awm_segment")
+        if segment is not None:
+            segment_of[i] = segment["of"]
+        elif _valid(s):
             groups[s.group_index if s.group_index is not None else ("alone", i)].append(i)
+    if segment_of and not trajectory:
+        raise ValueError(f"awm_credit_method {cfg.method!r} cannot credit a windowed episode's turn samples: "
+                         "awm_history_window_turns is for b1 only")
     for members in groups.values():
         sigs = [signals(args, samples[i], cfg, binary_only) for i in members]
         if trajectory:
@@ -170,6 +177,10 @@ def advantages(args: argparse.Namespace, samples: Sequence[Sample]) -> list[floa
         else:
             for i, a in zip(members, group_turn_advantages(sigs, cfg), strict=True):
                 out[i] = _spread(samples[i], a)
+    episode_at = {s.index: i for i, s in enumerate(samples) if i not in segment_of}
+    for i, of in segment_of.items():  # a windowed turn: its episode's advantage (0 if the episode is out)
+        j = episode_at.get(of)
+        out[i] = out[j] if j is not None and _valid(samples[i]) else 0.0
     for i, s in enumerate(samples):  # per-token methods: excluded samples still need one value per token
         if not trajectory and not isinstance(out[i], list):
             out[i] = [0.0] * s.response_length
