@@ -269,7 +269,7 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
     env: EnvSession | None = None
     try:
         env = await open_env(cfg.env, scenario, task_idx)
-        await _play(args, cfg, sample, sampling_params, policy, env, episode, segments)
+        await _play(args, cfg, sample, sampling_params, policy, env, episode, segments, evaluation)
     except EnvInfraError as exc:
         episode.infra_error = str(exc)
         episode.stop_reason = episode.stop_reason or "infra_error"
@@ -300,7 +300,8 @@ def _check_open_files(args: argparse.Namespace) -> None:
 
 
 async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sampling_params: dict[str, Any],
-                policy: Policy, env: EnvSession, episode: Episode, segments: list[Sample] | None = None) -> None:
+                policy: Policy, env: EnvSession, episode: Episode, segments: list[Sample] | None = None,
+                evaluation: bool = False) -> None:
     tokenizer = GenerateState(args).tokenizer
     encoder = _shared_encoder(args, tokenizer, cfg, env.tools)
     task = episode.task or (sample.prompt[-1]["content"] if isinstance(sample.prompt, list) else str(sample.prompt))
@@ -378,7 +379,7 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         episode.recovery = await asyncio.to_thread(turns.progress.finish, episode.turns)
         episode.recovery["prefix_turns"] = sum(m["role"] == "assistant" for m in prefix)
     await verify(cfg, env, episode)
-    if cfg.judge is not None and not episode.infra_error:
+    if cfg.judge is not None and not episode.infra_error and not evaluation:  # a training reward only
         await judge_episode(args, cfg, episode)
 
 

@@ -36,6 +36,7 @@ class JudgeServer:
         self.stall_s = 0.0
         self.requests: list[dict] = []
         self.headers: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
         self.loop = asyncio.new_event_loop()
         self.port = 0
         ready = threading.Event()
@@ -60,8 +61,12 @@ class JudgeServer:
         body = await request.json()
         self.requests.append(body)
         self.headers.append(dict(request.headers))
-        if self.stall_s:
-            await asyncio.sleep(self.stall_s)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.stall_s or 0.05)
+        finally:
+            self.in_flight -= 1
         step = body["messages"][-1]["content"].split("Step to grade", 1)[1]
         tool = next((t for t in self.replies if f"{t}(" in step or f'"{t}"' in step), None)
         text = self.replies.get(tool, "SCORE: 0.5")
@@ -86,6 +91,7 @@ def judge_server():
 def judge(judge_server, monkeypatch):
     judge_server.replies, judge_server.stall_s = {}, 0.0
     judge_server.requests.clear()
+    judge_server.max_in_flight = 0
     judge_server.headers.clear()
     monkeypatch.setenv("AWM_JUDGE_API_KEY", "sk-test")
     return judge_server
@@ -133,6 +139,15 @@ def test_scores_every_call_turn_through_the_endpoint(judge):
     assert scores == [0.4, 1.0, None]
     assert len(judge.requests) == 2 and {r["model"] for r in judge.requests} == {"judge-8b"}
     assert {h.get("Authorization") for h in judge.headers} == {"Bearer sk-test"}  # from awm_judge_api_key_env
+
+
+def test_concurrency_bounds_the_requests_in_flight(judge):
+    turns = [TURNS[0]] * 6
+    asyncio.run(score_turns(config(judge.url, concurrency=2).client(), "task", turns))
+    assert len(judge.requests) == 6 and judge.max_in_flight == 2
+    judge.max_in_flight = 0
+    asyncio.run(score_turns(config(judge.url, concurrency=6).client(), "task", turns))
+    assert judge.max_in_flight == 6
 
 
 def test_malformed_reply_and_timeout_are_judge_errors(judge):
@@ -204,6 +219,12 @@ def test_b2plus_puts_judge_step_rewards_on_each_turn_and_a_bad_judge_fails_the_e
     assert c.metadata["awm"]["infra_error"].startswith("judge: turn 1: judge reply has no 'SCORE")
     adv = advantages(args, [a, b, c])
     assert adv[2] == [0.0] * c.response_length and adv[0] == adv_a  # c stays out of a and b's baselines
+    # evaluation episodes are not judged (the score is a training reward)
+    scripted.reply(CHECKOUT, "Checked out copy LIB-000101 of Project Hail Mary.")
+    sample = Sample(index=3, group_index=1, prompt="", metadata={"scenario": SCENARIO, "task_idx": 3, "task": ""})
+    asked = len(judge.requests)
+    ev = asyncio.run(generate(args, sample, sampling_params_from_args(args), evaluation=True))
+    assert ev.metadata["awm"]["judge"] is None and len(judge.requests) == asked
     # b2plus without a judge says what to set
     b.metadata["awm"]["judge"] = None
     with pytest.raises(ValueError, match="AWM_JUDGE_URL"):
