@@ -123,6 +123,10 @@ class RolloutConfig:
             raise ValueError("awm_history_window_turns (B1's sliding window) needs awm_credit_method b1: a windowed "
                              "episode is several samples, and only awm_grpo.recovery.advantages gives them one "
                              "episode-level advantage (AWM_CREDIT_METHOD=b1)")
+        if cfg.history_window_turns is not None and not getattr(args, "calculate_per_token_loss", False):
+            raise ValueError("awm_history_window_turns needs --calculate-per-token-loss (the launcher adds it): "
+                             "with the default mean of per-sample means, each windowed turn's sample would weigh "
+                             "as much as a whole episode")
         args._awm_rollout_config = cfg
         return cfg
 

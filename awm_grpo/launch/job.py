@@ -96,6 +96,8 @@ def slime_command(cfg: ResolvedConfig, runtime_yaml: str | Path, extra: list[str
              *PLUGINS, "--custom-config-path", str(runtime_yaml)]
     if cfg["recovery.credit_method"] is not None:  # the recovery method's per-turn credit (awm_grpo.recovery)
         fixed += ["--custom-advantage-function-path", "awm_grpo.recovery.advantages"]
+    if cfg["environment.history_window_turns"] is not None:  # B1's window splits an episode into samples:
+        fixed += ["--calculate-per-token-loss"]  # token-mean weighs its tokens as one sequence would
     return [sys.executable, "-m", trainer_module(cfg), *knob_flags(cfg), *fixed, *(extra or [])]
 
 

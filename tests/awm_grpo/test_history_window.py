@@ -15,7 +15,7 @@ import yaml
 from rollout_helpers import LOGPROB, make_args
 
 from awm_grpo.launch import config as C
-from awm_grpo.launch.job import runtime_config
+from awm_grpo.launch.job import check_against_slime, runtime_config, slime_command
 from awm_grpo.recovery.plugin import advantages
 from awm_grpo.reward import reward
 from awm_grpo.rollout import RolloutConfig, chat_encoder, generate, window_messages
@@ -59,7 +59,7 @@ def test_knob_reaches_the_rollout_and_needs_b1(tmp_path):
     def rollout_config(env):
         path = tmp_path / "rt.yaml"
         path.write_text(yaml.safe_dump(runtime_config(C.resolve(None, gpus=[], env=env))))
-        args = argparse.Namespace()
+        args = argparse.Namespace(calculate_per_token_loss=True)  # the launcher's flag with a window (below)
         apply_custom_config(args, str(path))
         return RolloutConfig.from_args(args)
 
@@ -69,12 +69,20 @@ def test_knob_reaches_the_rollout_and_needs_b1(tmp_path):
         rollout_config({"AWM_HISTORY_WINDOW_TURNS": "3"})
     with pytest.raises(ValueError, match="use >= 1"):
         rollout_config({"AWM_HISTORY_WINDOW_TURNS": "0", "AWM_CREDIT_METHOD": "b1"})
+    windowed = C.resolve(None, gpus=[], env={"AWM_HISTORY_WINDOW_TURNS": "3", "AWM_CREDIT_METHOD": "b1"})
+    cmd = slime_command(windowed, tmp_path / "rt.yaml")
+    assert "--calculate-per-token-loss" in cmd and check_against_slime(cmd) == []
+    assert "--calculate-per-token-loss" not in slime_command(C.resolve(None, gpus=[], env={}), tmp_path / "rt.yaml")
+    args = argparse.Namespace(awm_history_window_turns=3, awm_credit_method="b1")
+    with pytest.raises(ValueError, match="--calculate-per-token-loss"):
+        RolloutConfig.from_args(args)
 
 
 def test_windowed_turns_train_in_their_own_samples_under_the_context_the_engine_saw(tiny_model_dir, scripted,
                                                                                     tokenizer, tmp_path):
     scripted.reset()
     args = make_args(tiny_model_dir, scripted.url, tmp_path, history_window_turns=1, credit_method="b1")
+    args.calculate_per_token_loss = True
     # A: list tools, a failing return, an answer (turn 3 sees the task + turn 2 only); B: check out, answer
     scripted.reply(LIST, call("return_loan", loan_id=999, return_branch_id=1), "Done.")
     out = play(args, 0)
@@ -117,6 +125,7 @@ def test_evaluation_uses_the_window_but_returns_one_sample(tiny_model_dir, scrip
     scripted.reset()
     GenerateState.reset()
     args = make_args(tiny_model_dir, scripted.url, tmp_path, history_window_turns=1, credit_method="b1")
+    args.calculate_per_token_loss = True
     scripted.reply(LIST, call("return_loan", loan_id=999, return_branch_id=1), "Done.")
     out = play(args, 0, evaluation=True)
     assert isinstance(out, Sample) and out.metadata["awm"]["turns"] == 3
