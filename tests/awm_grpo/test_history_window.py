@@ -19,7 +19,9 @@ from awm_grpo.launch.job import check_against_slime, runtime_config, slime_comma
 from awm_grpo.recovery.plugin import advantages
 from awm_grpo.reward import reward
 from awm_grpo.rollout import RolloutConfig, chat_encoder, generate, window_messages
+from slime.algorithms.losses import PolicyLossConfig
 from slime.arguments import apply_custom_config
+from slime.backends.torch_backend import TorchTrainer, TrainerConfig
 from slime.rollout.sglang_rollout import GenerateState, sampling_params_from_args
 from slime.utils.types import Sample
 
@@ -116,6 +118,15 @@ def test_windowed_turns_train_in_their_own_samples_under_the_context_the_engine_
     # rewards 0 vs 1 over 2 episodes: mean 0.5 (counting the segment would give 1/3); no std with
     # --n-samples-per-prompt 1, as slime's GRPO
     assert adv[0] == adv[1] == pytest.approx(-0.5) and adv[2] == pytest.approx(0.5)
+    # the trainer (slime's torch backend, the tiny model) takes the three samples; turn 3's tokens have other
+    # log-probs under the window than inside the full history: training them in the episode's sequence would
+    # score them under a context they were not sampled from
+    trainer = TorchTrainer(str(tiny_model_dir), TrainerConfig(max_tokens_per_micro_batch=None))
+    lp = trainer.compute_log_probs([a, seg, b])
+    assert [len(x) for x in lp] == [a.response_length, seg.response_length, b.response_length]
+    assert lp[0][-len(outputs[2]):] != pytest.approx(lp[1], abs=1e-3)
+    metrics = trainer.train_step([a, seg, b], adv, PolicyLossConfig(aggregation="token_mean"))
+    assert all(v == v for v in metrics.values())  # finite, no NaN
     args.awm_credit_method = "b2"
     with pytest.raises(ValueError, match="b1 only"):
         advantages(args, [a, seg, b])
