@@ -28,6 +28,11 @@ Switches (keys of the runtime YAML, i.e. attributes of args; unset ones take `cr
 | awm_credit_estimator | carry (+ leave-one-out) or naive (per-index pools, biased; for comparison) |
 | awm_credit_baseline / _scale | carry estimator's baseline (loo, mean) and scale (none, group_std) |
 | awm_credit_binary_only | scalar predicates count only when met exactly (ablation S1) |
+| awm_judge_url / _model / ... | B2+'s judge (awm_grpo.recovery.judge): the rollout records a score per tool turn in metadata["awm"]["judge"] |
+
+With B1's sliding window (`awm_history_window_turns`, awm_grpo.rollout) an episode arrives as its own
+sample plus one sample per windowed turn (`metadata["awm_segment"]`): b1's statistics are over
+episodes, and each turn sample gets its episode's advantage.
 
 b1 and traj_agg return one number per sample (slime spreads it over the response); the others one
 value per response token. Infrastructure failures (FAILED, ABORTED, `remove_sample`) get 0 and stay
