@@ -18,6 +18,12 @@ laid end to end, and dealt one by one to the split whose share lags most behind 
 so every stratum is spread over the splits in proportion and the global counts follow the ratios.
 Only tasks with a code verifier are written (of runnable scenarios unless `--include-unrunnable`).
 Same inputs -> byte-identical files; `split_info.json` holds everything needed to redo the split.
+
+`--task-mix` (the plan's state-mutating ratio ablation) reshapes train.jsonl only, after the split,
+so val and test are the same for every mix: `natural` (R1) writes the split as is; `mutating_2x`
+(R2) writes every state-mutating task twice; `mutating_only` (R3) drops the other task types. The
+two non-natural mixes shuffle train.jsonl with `--seed` so duplicates are not adjacent. They need
+task types (`--task-types` or the bundled labels); an unlabelled task is an error there.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from awm.data import AWMDataset, bundled_data_dir, normalize_scenario_name, read
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
+TASK_MIXES = ("natural", "mutating_2x", "mutating_only")  # the plan's R1, R2, R3
+MUTATING = "state_mutating"
 LABELS_FILE = "reference_solutions.jsonl"  # carries `task_type` per task in the bundled data
 
 
@@ -191,6 +199,27 @@ def split_tasks(tasks: list[Task], *, ratios: tuple[float, ...], seed: int, spli
     return out
 
 
+def mix_train(train: list[Task], task_mix: str, seed: int) -> list[Task]:
+    """The training prompts under `task_mix` (module docstring); val and test never pass through here."""
+    if task_mix == "natural":
+        return train
+    if task_mix not in TASK_MIXES:
+        raise SplitError(f"--task-mix {task_mix!r}: use one of {', '.join(TASK_MIXES)}")
+    unlabelled = [f"{t.scenario}/{t.task_idx}" for t in train if not t.task_type]
+    if unlabelled:
+        raise SplitError(f"--task-mix {task_mix} needs the task type of every training task; {len(unlabelled)} have "
+                         f"none (e.g. {unlabelled[0]}): pass --task-types FILE (rows of scenario, task_idx, "
+                         "task_type, e.g. a predicates JSONL from `awm predicates build`)")
+    mutating = [t for t in train if t.task_type == MUTATING]
+    if not mutating:
+        raise SplitError(f"--task-mix {task_mix}: the training split has no {MUTATING} task")
+    out = mutating if task_mix == "mutating_only" else [t for t in train for _ in range(2 if t.task_type == MUTATING
+                                                                                        else 1)]
+    out = list(out)
+    random.Random(f"task-mix/{seed}").shuffle(out)
+    return out
+
+
 def prompt_record(task: Task, split: str, data_dir: Path) -> dict[str, Any]:
     """One prompt line; the rollout adds the system prompt and the tools itself."""
     meta = {"scenario": task.scenario, "task_idx": task.task_idx, "task": task.task,
@@ -205,13 +234,16 @@ def prompt_record(task: Task, split: str, data_dir: Path) -> dict[str, Any]:
 def prepare(out: str | Path, *, data_dir: str | Path | None = None, seed: int = 42,
             ratios: tuple[float, ...] = (0.7, 0.15, 0.15), split_by: str = "scenario",
             task_types_file: str | Path | None = None, max_scenarios: int | None = None,
-            exclude_file: str | Path | None = None, include_unrunnable: bool = False) -> dict[str, Any]:
+            exclude_file: str | Path | None = None, include_unrunnable: bool = False,
+            task_mix: str = "natural") -> dict[str, Any]:
     """Write train/val/test.jsonl and split_info.json into `out`; returns the split info."""
     bundled = data_dir is None
     root = (bundled_data_dir() if bundled else Path(data_dir)).resolve()
     tasks, label_source = load_tasks(root, task_types_file=task_types_file, exclude_file=exclude_file,
                                      include_unrunnable=include_unrunnable)
     parts = split_tasks(tasks, ratios=tuple(ratios), seed=seed, split_by=split_by, max_scenarios=max_scenarios)
+    split_train = parts["train"]
+    parts["train"] = mix_train(split_train, task_mix, seed)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for name, part in parts.items():
@@ -225,6 +257,8 @@ def prepare(out: str | Path, *, data_dir: str | Path | None = None, seed: int = 
         "exclude_file": str(Path(exclude_file).resolve()) if exclude_file else None,
         "task_types_file": str(Path(task_types_file).resolve()) if task_types_file else None,
         "stratified_by": "task_type" if label_source else None, "task_type_source": label_source,
+        "task_mix": task_mix, "train_before_mix": {"prompts": len(split_train), "task_types": dict(sorted(
+            Counter(t.task_type or "unlabelled" for t in split_train).items()))},
         "scenarios": {n: sorted({t.scenario for t in p}) for n, p in parts.items()},
         "counts": {n: {"tasks": len(p), "scenarios": len({t.scenario for t in p}),
                        "task_types": dict(sorted(Counter(t.task_type or "unlabelled" for t in p).items()))}
@@ -248,12 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exclude", default=None, help="`awm verify audit --out` file: drop the tasks it flags")
     p.add_argument("--include-unrunnable", action="store_true",
                    help="also tasks of scenarios without environment code or DB (listing only; cannot be played)")
+    p.add_argument("--task-mix", choices=TASK_MIXES, default="natural",
+                   help="training prompts: natural (R1), every state-mutating task twice (R2), state-mutating only "
+                   "(R3); val/test are unchanged")
     opts = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         info = prepare(opts.out, data_dir=opts.data_dir, seed=opts.seed, ratios=tuple(opts.ratios),
                        split_by=opts.split_by, task_types_file=opts.task_types, max_scenarios=opts.max_scenarios,
-                       exclude_file=opts.exclude, include_unrunnable=opts.include_unrunnable)
+                       exclude_file=opts.exclude, include_unrunnable=opts.include_unrunnable, task_mix=opts.task_mix)
     except (SplitError, FileNotFoundError) as exc:
         print(f"data_prep: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,14 @@ gets Phi after it (awm_grpo.recovery.progress), every model turn its response-to
 `sample.metadata` may carry `start_db` (a DB file loaded before the first turn) and `start_messages`
 (assistant / tool messages after the task, part of the prompt): the controlled recovery split.
 
+B1's sliding window (`awm_history_window_turns` K, with `awm_credit_method: b1` only): once the
+conversation holds more than K model turns, the engine sees system prompt + task + the last K
+(assistant, tool...) turns, re-rendered with the chat template. A token is trained only under the
+context it was sampled from, so such a turn is masked (loss mask 0) in the episode's sample and
+trained in a sample of its own (its windowed context as prompt, its tokens as response); `generate`
+returns the episode's sample first, then these (`metadata["awm_segment"]`), and the advantage
+function gives every one of them the episode's advantage (awm_grpo.recovery.plugin).
+
 Infrastructure failures (environment crash or timeout, verifier crash or timeout) set status
 FAILED and `remove_sample`, so the trainer keeps them out of group statistics and the loss; the
 reason is in `sample.metadata["awm"]["infra_error"]` and counted by `awm_grpo.traces`.
@@ -65,6 +73,8 @@ class RolloutConfig:
     enable_thinking: bool = False
     trace_dir: str | None = None
     predicates: str | None = None  # predicates JSONL: per-turn progress (awm_grpo.recovery.progress)
+    judge: Any = None  # awm_grpo.recovery.judge.JudgeConfig: B2+'s per-call helpfulness scores (awm_judge_url)
+    history_window_turns: int | None = None  # B1's sliding window: the engine sees the last K turns (module doc)
 
     def __post_init__(self) -> None:
         if self.predicates and self.env.transport != "inprocess":
@@ -74,6 +84,9 @@ class RolloutConfig:
             raise ValueError(f"awm_tool_mode {self.tool_mode!r} is unknown: use 'meta' or 'native'")
         if self.calls_per_turn not in ("first", "all"):
             raise ValueError(f"awm_calls_per_turn {self.calls_per_turn!r} is unknown: use 'first' or 'all'")
+        if self.history_window_turns is not None and self.history_window_turns < 1:
+            raise ValueError(f"awm_history_window_turns {self.history_window_turns}: use >= 1, or null for the "
+                             "full history")
         if self.max_turns < 1 or self.max_repeated_calls < 1:
             raise ValueError("awm_max_turns and awm_max_repeated_calls must be >= 1")
         if self.turn_schedule is not None:
@@ -104,7 +117,16 @@ class RolloutConfig:
                   terminate_on_invalid_call=bool(get("terminate_on_invalid_call", True)),
                   max_repeated_calls=int(get("max_repeated_calls", 3)),
                   enable_thinking=bool(get("enable_thinking", False)), trace_dir=get("trace_dir", None),
-                  predicates=get("predicates", None))
+                  predicates=get("predicates", None), judge=_judge_config(args),
+                  history_window_turns=get("history_window_turns", None))
+        if cfg.history_window_turns is not None and get("credit_method", None) != "b1":
+            raise ValueError("awm_history_window_turns (B1's sliding window) needs awm_credit_method b1: a windowed "
+                             "episode is several samples, and only awm_grpo.recovery.advantages gives them one "
+                             "episode-level advantage (AWM_CREDIT_METHOD=b1)")
+        if cfg.history_window_turns is not None and not getattr(args, "calculate_per_token_loss", False):
+            raise ValueError("awm_history_window_turns needs --calculate-per-token-loss (the launcher adds it): "
+                             "with the default mean of per-sample means, each windowed turn's sample would weigh "
+                             "as much as a whole episode")
         args._awm_rollout_config = cfg
         return cfg
 
@@ -135,6 +157,7 @@ class Episode:
     tool_calls: int = 0
     drift_tokens: int = 0
     recovery: dict[str, Any] | None = None  # awm_grpo.recovery.progress: Phi_0, preservation, per-turn credit signals
+    judge: list[float | None] | None = None  # B2+: the judge's score per turn (None: no tool ran)
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0})
 
     def summary(self) -> dict[str, Any]:
@@ -143,7 +166,7 @@ class Episode:
                 "stop_reason": self.stop_reason, "verdict": self.verdict, "infra_error": self.infra_error,
                 "invalid_calls": self.invalid_calls, "tool_calls": self.tool_calls,
                 "drift_tokens": self.drift_tokens, "verifier_result": self.verifier_result,
-                "timings": self.timings, "credit": (self.recovery or {}).get("credit")}
+                "timings": self.timings, "credit": (self.recovery or {}).get("credit"), "judge": self.judge}
 
 
 def _training_step(sample: Sample) -> int:
@@ -224,13 +247,20 @@ def engine_policy(args: argparse.Namespace, sample: Sample) -> Policy:
 
 async def generate(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any],
                    evaluation: bool = False) -> Sample:
-    """slime custom generate function: one episode with the rollout engine as the policy."""
-    return await play(args, sample, sampling_params, engine_policy(args, sample), evaluation=evaluation)
+    """slime custom generate function: one episode with the rollout engine as the policy.
+
+    Returns the episode's sample, or (sliding window only) it followed by the windowed turns' samples."""
+    segments: list[Sample] = []
+    out = await play(args, sample, sampling_params, engine_policy(args, sample), evaluation=evaluation,
+                     segments=None if evaluation else segments)
+    return [out, *segments] if segments else out
 
 
 async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any], policy: Policy,
-               *, evaluation: bool = False) -> Sample:
-    """Play one episode of `sample.metadata`'s task with `policy`; see the module docstring."""
+               *, evaluation: bool = False, segments: list[Sample] | None = None) -> Sample:
+    """Play one episode of `sample.metadata`'s task with `policy`; see the module docstring.
+
+    `segments`: collects the samples of turns generated from a windowed context (sliding window)."""
     cfg = RolloutConfig.from_args(args)
     _check_open_files(args)
     meta = sample.metadata or {}
@@ -243,7 +273,7 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
     env: EnvSession | None = None
     try:
         env = await open_env(cfg.env, scenario, task_idx)
-        await _play(args, cfg, sample, sampling_params, policy, env, episode)
+        await _play(args, cfg, sample, sampling_params, policy, env, episode, segments, evaluation)
     except EnvInfraError as exc:
         episode.infra_error = str(exc)
         episode.stop_reason = episode.stop_reason or "infra_error"
@@ -254,6 +284,9 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
         sample.status = Sample.Status.FAILED
         sample.remove_sample = True
     sample.metadata = {**meta, "awm": episode.summary()}
+    for k, seg in enumerate(segments or []):  # no trace record: the episode is counted once
+        seg.metadata = {**meta, "awm": sample.metadata["awm"], "awm_segment": {"of": sample.index, "k": k + 1}}
+        seg.status, seg.remove_sample = sample.status, sample.remove_sample
     write_trace(cfg.trace_dir, "eval" if evaluation else "rollout", _training_step(sample), sample, episode)
     return sample
 
@@ -271,7 +304,8 @@ def _check_open_files(args: argparse.Namespace) -> None:
 
 
 async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sampling_params: dict[str, Any],
-                policy: Policy, env: EnvSession, episode: Episode) -> None:
+                policy: Policy, env: EnvSession, episode: Episode, segments: list[Sample] | None = None,
+                evaluation: bool = False) -> None:
     tokenizer = GenerateState(args).tokenizer
     encoder = _shared_encoder(args, tokenizer, cfg, env.tools)
     task = episode.task or (sample.prompt[-1]["content"] if isinstance(sample.prompt, list) else str(sample.prompt))
@@ -300,15 +334,29 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
             sample.status, episode.stop_reason = Sample.Status.TRUNCATED, "context_budget"
             break
         params = dict(sampling_params, max_new_tokens=min(left, cfg.max_tokens_per_turn or left))
+        context = list(sample.tokens)
+        windowed = cfg.history_window_turns is not None \
+            and sum(m["role"] == "assistant" for m in episode.messages) > cfg.history_window_turns
+        if windowed:
+            kept = window_messages(episode.messages, cfg.history_window_turns)
+            context = encoder.encode(encoder.render(kept, add_generation_prompt=True))
         started = time.perf_counter()
-        output = await policy(list(sample.tokens), params)
+        output = await policy(context, params)
         episode.timings["generate_s"] += time.perf_counter() - started
         info = output["meta_info"]
         pairs = info.get("output_token_logprobs") or []
         ids, logps = [int(p[1]) for p in pairs], [float(p[0]) for p in pairs]
         text = tokenizer.decode(ids, skip_special_tokens=False)
         span = [sample.response_length, sample.response_length + len(ids)]  # this turn's model tokens [start, end)
-        sample.append_response_tokens(args, ids, logps, meta_info=info, text=text)
+        if windowed:  # trained in its own sample, under the context it was sampled from
+            sample.append_response_tokens(args, ids, trainable=False, meta_info=info, text=text)
+            if segments is not None:
+                seg = Sample(index=sample.index, group_index=sample.group_index, prompt=sample.prompt,
+                             tokens=list(context), response_length=0, loss_mask=[], rollout_log_probs=[])
+                seg.append_response_tokens(args, ids, logps, meta_info=info, text=text)
+                segments.append(seg)
+        else:
+            sample.append_response_tokens(args, ids, logps, meta_info=info, text=text)
         closed = bool(ids) and ids[-1] == encoder.end_of_turn_id
         content = text[: -len(encoder.end_of_turn)] if closed and text.endswith(encoder.end_of_turn) else text
         finish = (info.get("finish_reason") or {}).get("type")
@@ -335,6 +383,35 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         episode.recovery = await asyncio.to_thread(turns.progress.finish, episode.turns)
         episode.recovery["prefix_turns"] = sum(m["role"] == "assistant" for m in prefix)
     await verify(cfg, env, episode)
+    if cfg.judge is not None and not episode.infra_error and not evaluation:  # a training reward only
+        await judge_episode(args, cfg, episode)
+
+
+def window_messages(messages: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """The task message and the last k model turns, each with the tool messages after it."""
+    starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if len(starts) <= k:
+        return list(messages)
+    return [messages[0], *messages[starts[-k]:]]
+
+
+def _judge_config(args: argparse.Namespace) -> Any:
+    from awm_grpo.recovery.judge import JudgeConfig
+
+    return JudgeConfig.from_args(args)
+
+
+async def judge_episode(args: argparse.Namespace, cfg: RolloutConfig, episode: Episode) -> None:
+    """B2+: the judge's score of every turn that ran a tool; a judge failure is the episode's infra_error."""
+    from awm_grpo.recovery.judge import JudgeError, score_turns, shared_client
+
+    try:
+        episode.judge = await score_turns(shared_client(args, cfg.judge), episode.task, episode.turns)
+    except JudgeError as exc:
+        episode.infra_error = f"judge: {exc}"[:1000]
+        return
+    for turn, score in zip(episode.turns, episode.judge, strict=True):
+        turn["judge_score"] = score
 
 
 def _shared_encoder(args: argparse.Namespace, tokenizer: Any, cfg: RolloutConfig,

@@ -96,6 +96,8 @@ def slime_command(cfg: ResolvedConfig, runtime_yaml: str | Path, extra: list[str
              *PLUGINS, "--custom-config-path", str(runtime_yaml)]
     if cfg["recovery.credit_method"] is not None:  # the recovery method's per-turn credit (awm_grpo.recovery)
         fixed += ["--custom-advantage-function-path", "awm_grpo.recovery.advantages"]
+    if cfg["environment.history_window_turns"] is not None:  # B1's window splits an episode into samples:
+        fixed += ["--calculate-per-token-loss"]  # token-mean weighs its tokens as one sequence would
     return [sys.executable, "-m", trainer_module(cfg), *knob_flags(cfg), *fixed, *(extra or [])]
 
 
@@ -153,7 +155,9 @@ def ensure_splits(cfg: ResolvedConfig, dry_run: bool) -> str:
         info = json.loads(info_path.read_text())
         exclude = cfg["data.exclude_file"]
         asked = {"data_dir": want, "split_by": cfg["data.split_by"], "seed": cfg["data.split_seed"],
-                 "max_scenarios": cfg["data.max_scenarios"], "exclude_file": exclude and str(Path(exclude).resolve())}
+                 "max_scenarios": cfg["data.max_scenarios"], "exclude_file": exclude and str(Path(exclude).resolve()),
+                 "task_mix": cfg["data.task_mix"]}
+        info.setdefault("task_mix", "natural")  # splits written before the knob existed
         differ = [f"{k}: {info.get(k)!r} there, {v!r} asked" for k, v in asked.items() if info.get(k) != v]
         if differ:
             raise LaunchError(f"{splits} holds other splits ({'; '.join(differ)}): delete {splits} to rewrite them, "
@@ -167,7 +171,8 @@ def ensure_splits(cfg: ResolvedConfig, dry_run: bool) -> str:
     from awm_grpo.data_prep import prepare
 
     info = prepare(splits, data_dir=data_dir, seed=cfg["data.split_seed"], split_by=cfg["data.split_by"],
-                   max_scenarios=cfg["data.max_scenarios"], exclude_file=cfg["data.exclude_file"])
+                   max_scenarios=cfg["data.max_scenarios"], exclude_file=cfg["data.exclude_file"],
+                   task_mix=cfg["data.task_mix"])
     counts = {n: c["tasks"] for n, c in info["counts"].items()}
     return f"splits: wrote {splits} ({counts})"
 

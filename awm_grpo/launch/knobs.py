@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from awm_grpo.recovery.credit import CreditConfig
+from awm_grpo.recovery.judge import JudgeConfig
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = "runs/awm_grpo"
@@ -85,6 +86,9 @@ KNOBS: tuple[Knob, ...] = (
     K("data.max_scenarios", "AWM_MAX_SCENARIOS", "int", "launcher", "data_prep --max-scenarios", nullable=True),
     K("data.exclude_file", "AWM_EXCLUDE_FILE", "path", "launcher", "data_prep --exclude (an audit file)",
       nullable=True),
+    K("data.task_mix", "AWM_TASK_MIX", "str", "launcher",
+      "data_prep --task-mix: training prompts natural (R1), state-mutating tasks twice (R2) or only (R3); "
+      "val/test unchanged", choices=("natural", "mutating_2x", "mutating_only")),
     K("training.num_rollout", "NUM_ROLLOUT", "int", "--num-rollout", "training steps (rollout + train)"),
     K("training.async", "ASYNC", "bool", "launcher",
       "one step off-policy: run python -m slime.train_async (step k+1's rollout is generated with step k's "
@@ -159,6 +163,9 @@ KNOBS: tuple[Knob, ...] = (
       'null (fixed max_turns) or {"rounds": [10, 20, 30], "every": 100}', nullable=True),
     K("environment.max_tokens_per_turn", "AWM_MAX_TOKENS_PER_TURN", "int", "yaml:awm_max_tokens_per_turn",
       "cap on one model turn (null: the remaining budget)", nullable=True),
+    K("environment.history_window_turns", "AWM_HISTORY_WINDOW_TURNS", "int", "yaml:awm_history_window_turns",
+      "B1's sliding window: past this many model turns the engine sees the task + the last K turns, and each such "
+      "turn trains as its own sample (needs credit_method b1); null: the full history", nullable=True),
     K("environment.max_observation_tokens", "AWM_MAX_OBSERVATION_TOKENS", "int", "yaml:awm_max_observation_tokens",
       "tool output cap (truncated with a marker)"),
     K("environment.invalid_call_penalty", "AWM_INVALID_CALL_PENALTY", "float", "yaml:awm_invalid_call_penalty",
@@ -183,12 +190,39 @@ KNOBS: tuple[Knob, ...] = (
       "predicates JSONL (`awm predicates build --out F`): per-turn progress in rollouts, traces and metrics",
       nullable=True),
     K("recovery.credit_method", "AWM_CREDIT_METHOD", "str", "yaml:awm_credit_method",
-      "null: slime's own advantages; else awm_grpo.recovery.advantages with this method (b2, ours and "
-      "traj_agg need predicates)", nullable=True,
-      choices=("b1", "b2", "ours", "traj_agg")),
+      "null: slime's own advantages; else awm_grpo.recovery.advantages with this method (b2, b2plus, ours and "
+      "traj_agg need predicates; b2plus also the judge)", nullable=True,
+      choices=("b1", "b2", "b2plus", "ours", "traj_agg")),
     K("recovery.credit_lambda", "AWM_CREDIT_LAMBDA", "float", "yaml:awm_credit_lambda", "progress weight lambda"),
     K("recovery.credit_beta", "AWM_CREDIT_BETA", "float", "yaml:awm_credit_beta", "verification bonus beta"),
     K("recovery.credit_eta", "AWM_CREDIT_ETA", "float", "yaml:awm_credit_eta", "turn discount eta"),
+    K("recovery.credit_gamma_v", "AWM_CREDIT_GAMMA_V", "float", "yaml:awm_credit_gamma_v",
+      "weight of the verification bonus"),
+    K("recovery.credit_progress_form", "AWM_CREDIT_PROGRESS_FORM", "str", "yaml:awm_credit_progress_form",
+      "difference: Phi_t - Phi_{t-1} after writes; potential: eta Phi_t - Phi_{t-1} on every turn (ablation)",
+      choices=("difference", "potential")),
+    K("recovery.credit_estimator", "AWM_CREDIT_ESTIMATOR", "str", "yaml:awm_credit_estimator",
+      "carry: carry + leave-one-out; naive: per-turn-index pools (biased, ablation)", choices=("carry", "naive")),
+    K("recovery.credit_baseline", "AWM_CREDIT_BASELINE", "str", "yaml:awm_credit_baseline",
+      "carry estimator's baseline: loo (leave-one-out) or mean (includes the sample)", choices=("loo", "mean")),
+    K("recovery.credit_scale", "AWM_CREDIT_SCALE", "str", "yaml:awm_credit_scale",
+      "carry estimator's scale: null (none: raw returns minus baseline) or group_std (divided by the std of the "
+      "group's episode returns)", nullable=True, choices=("group_std",)),
+    K("recovery.credit_binary_only", "AWM_CREDIT_BINARY_ONLY", "bool", "yaml:awm_credit_binary_only",
+      "a scalar predicate counts 1 only when met exactly (ablation S1)"),
+    K("recovery.judge_url", "AWM_JUDGE_URL", "str", "yaml:awm_judge_url",
+      "B2+: base URL of an OpenAI-compatible endpoint (http://HOST:PORT/v1) whose model scores each tool call; "
+      "null: no judge", nullable=True),
+    K("recovery.judge_model", "AWM_JUDGE_MODEL", "str", "yaml:awm_judge_model", "B2+: the judge's model name",
+      nullable=True),
+    K("recovery.judge_api_key_env", "AWM_JUDGE_API_KEY_ENV", "str", "yaml:awm_judge_api_key_env",
+      "B2+: the environment variable that holds the judge's API key (unset: no key sent)"),
+    K("recovery.judge_concurrency", "AWM_JUDGE_CONCURRENCY", "int", "yaml:awm_judge_concurrency",
+      "B2+: judge requests in flight per rollout process"),
+    K("recovery.judge_timeout", "AWM_JUDGE_TIMEOUT", "float", "yaml:awm_judge_timeout",
+      "B2+: seconds per judge request (then retried; a judge that never answers fails the episode as infra)"),
+    K("recovery.judge_retries", "AWM_JUDGE_RETRIES", "int", "yaml:awm_judge_retries",
+      "B2+: retries of a failed judge request"),
     K("logging.tensorboard", "USE_TENSORBOARD", "bool", "--use-tensorboard", "tensorboard under save_dir"),
     K("logging.wandb_enabled", "WANDB_ENABLED", "bool", "--use-wandb", "log to wandb (key: WANDB_API_KEY)"),
     K("logging.wandb_project", "WANDB_PROJECT", "str", "--wandb-project", "wandb project"),
@@ -238,6 +272,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "hardware.colocate": Derived(lambda get, g: not get("training.async"), "true (false when training.async)"),
         "hardware.ray_num_cpus": 8, "hardware.ray_address": None, "hardware.actor_num_nodes": 1,
         "data.split_by": "scenario", "data.split_seed": 42, "data.max_scenarios": None, "data.exclude_file": None,
+        "data.task_mix": "natural",
         "training.num_rollout": 200, "training.async": False,
         # Prompts a step per GPU that generates (docs/gpu.md has the arithmetic): one H200
         # engine holds about 64 episodes of this recipe in its KV cache, and a step's rollout lasts as
@@ -272,7 +307,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "inference.engine_max_batch_size": 64,
         "environment.data_dir": GPU_DATA, "environment.transport": "inprocess", "environment.mcp_urls": [],
         "environment.mcp_servers": 1, "environment.tool_mode": "meta", "environment.calls_per_turn": "first",
-        "environment.max_turns": 15, "environment.turn_schedule": None, "environment.max_tokens_per_turn": None,
+        "environment.max_turns": 15, "environment.turn_schedule": None, "environment.max_tokens_per_turn": None, "environment.history_window_turns": None,
         "environment.max_observation_tokens": 2048, "environment.invalid_call_penalty": -1.0,
         "environment.terminate_on_invalid_call": False, "environment.max_repeated_calls": 3,
         "environment.tool_timeout": 30.0, "environment.verifier_timeout": 30.0, "environment.env_workers": 8,
@@ -280,6 +315,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         "environment.reward_partial": 0.1, "environment.reward_other": 0.0,
         "recovery.predicates": None, "recovery.credit_method": None, "recovery.credit_lambda": CreditConfig.lam,
         "recovery.credit_beta": CreditConfig.beta, "recovery.credit_eta": CreditConfig.eta,  # the method's home
+        "recovery.credit_gamma_v": CreditConfig.gamma_v, "recovery.credit_progress_form": CreditConfig.progress_form,
+        "recovery.credit_estimator": CreditConfig.estimator, "recovery.credit_baseline": CreditConfig.baseline,
+        "recovery.credit_scale": None if CreditConfig.scale == "none" else CreditConfig.scale,
+        "recovery.judge_url": None, "recovery.judge_model": None, "recovery.judge_api_key_env": JudgeConfig.api_key_env,
+        "recovery.judge_concurrency": JudgeConfig.concurrency, "recovery.judge_timeout": JudgeConfig.timeout_s,
+        "recovery.judge_retries": JudgeConfig.retries, "recovery.credit_binary_only": CreditConfig.binary_only,
         "logging.tensorboard": True, "logging.wandb_enabled": False, "logging.wandb_project": "awm-grpo",
         "logging.wandb_group": None, "logging.wandb_mode": "offline",
     },

@@ -177,13 +177,14 @@ class EpisodeSignals:
     outcome: float  # R_out: 1 complete, 0.1 partial (graded verifiers only), 0 otherwise
     call_ok: list[bool | None] | None = None  # B2: True ok call, False error, None no call (final answer)
     relevant_tool: list[bool] | None = None  # B2: the tool touches a predicate table
+    judge: list[float | None] | None = None  # B2+: the judge's helpfulness score per turn (None: no tool ran)
 
 
 @dataclass(frozen=True)
 class CreditConfig:
     """Method and ablation switches (docs/recovery-method.md, Baselines and ablations; Defaults)."""
 
-    method: Literal["ours", "b1", "b2", "traj_agg"] = "ours"
+    method: Literal["ours", "b1", "b2", "b2plus", "traj_agg"] = "ours"
     lam: float = 0.5
     beta: float = 0.05
     gamma_v: float = 1.0
@@ -192,8 +193,18 @@ class CreditConfig:
     estimator: Literal["carry", "naive"] = "carry"
     baseline: Literal["loo", "mean"] = "loo"
     scale: Literal["none", "group_std"] = "none"
+    binary_only: bool = False  # ablation S1: Phi from binarised predicates (the rollout records both)
     max_turns: int = 15
     eps: float = 1e-6
+
+
+def judge_step_rewards(scores: list[float | None], max_turns: int) -> list[float]:
+    """B2+'s step reward on B2's scale: 0.1 (2 s - 1) / max_turns for a judged call, 0 without one.
+
+    (P) The plan gives only the score's range; s = 1 maps to B2's +0.1 and s = 0 to its -0.1, so the
+    two baselines' step rewards weigh the same against the outcome. Scores: awm_grpo.recovery.judge.
+    """
+    return [0.0 if s is None else 0.1 * (2.0 * s - 1.0) / max_turns for s in scores]
 
 
 def action_step_rewards(call_ok: list[bool | None], relevant_tool: list[bool], max_turns: int) -> list[float]:
@@ -214,6 +225,12 @@ def episode_rewards(ep: EpisodeSignals, cfg: CreditConfig) -> list[float]:
         if ep.call_ok is None or ep.relevant_tool is None:
             raise ValueError("method b2 needs call_ok and relevant_tool per turn")
         steps = action_step_rewards(ep.call_ok, ep.relevant_tool, cfg.max_turns)
+        return turn_rewards(steps, [0.0] * T, ep.format_error, ep.outcome, lam=1.0)
+    if cfg.method == "b2plus":
+        if ep.judge is None or len(ep.judge) != T:
+            raise ValueError("method b2plus needs a judge score per turn: set awm_judge_url and awm_judge_model "
+                             "(AWM_JUDGE_URL, AWM_JUDGE_MODEL) so the rollout scores each call")
+        steps = judge_step_rewards(ep.judge, cfg.max_turns)
         return turn_rewards(steps, [0.0] * T, ep.format_error, ep.outcome, lam=1.0)
     r_prog = progress_rewards(ep.phis, ep.is_write, form=cfg.progress_form, eta=cfg.eta)
     r_ver = verify_bonus(ep.errors, r_prog, ep.relevant_read, cfg.beta)

@@ -19,7 +19,7 @@ Switches (keys of the runtime YAML, i.e. attributes of args; unset ones take `cr
 
 | key | meaning |
 |---|---|
-| awm_credit_method | b1: outcome-only trajectory GRPO (= plain GRPO); b2: action-based step reward with turn-level credit; ours; traj_agg: ours' rewards summed per trajectory |
+| awm_credit_method | b1: outcome-only trajectory GRPO (= plain GRPO); b2: action-based step reward with turn-level credit; b2plus: an LLM judge's per-call score as the step reward (awm_grpo.recovery.judge); ours; traj_agg: ours' rewards summed per trajectory |
 | awm_credit_lambda | progress weight lambda |
 | awm_credit_beta | verification bonus beta (0 = no bonus, ablation V1) |
 | awm_credit_gamma_v | weight of the verification bonus |
@@ -28,6 +28,11 @@ Switches (keys of the runtime YAML, i.e. attributes of args; unset ones take `cr
 | awm_credit_estimator | carry (+ leave-one-out) or naive (per-index pools, biased; for comparison) |
 | awm_credit_baseline / _scale | carry estimator's baseline (loo, mean) and scale (none, group_std) |
 | awm_credit_binary_only | scalar predicates count only when met exactly (ablation S1) |
+| awm_judge_url / _model / ... | B2+'s judge (awm_grpo.recovery.judge): the rollout records a score per tool turn in metadata["awm"]["judge"] |
+
+With B1's sliding window (`awm_history_window_turns`, awm_grpo.rollout) an episode arrives as its own
+sample plus one sample per windowed turn (`metadata["awm_segment"]`): b1's statistics are over
+episodes, and each turn sample gets its episode's advantage.
 
 b1 and traj_agg return one number per sample (slime spreads it over the response); the others one
 value per response token. Infrastructure failures (FAILED, ABORTED, `remove_sample`) get 0 and stay
@@ -58,7 +63,7 @@ from awm_grpo.reward import outcome
 from slime.algorithms.advantages import spread_turn_values
 from slime.utils.types import Sample
 
-METHODS = ("b1", "b2", "ours", "traj_agg")
+METHODS = ("b1", "b2", "b2plus", "ours", "traj_agg")
 
 
 def credit_config(args: argparse.Namespace) -> tuple[CreditConfig, bool]:
@@ -75,8 +80,14 @@ def credit_config(args: argparse.Namespace) -> tuple[CreditConfig, bool]:
                        gamma_v=float(get("gamma_v", d.gamma_v)), eta=float(get("eta", d.eta)),
                        progress_form=get("progress_form", d.progress_form), estimator=get("estimator", d.estimator),
                        baseline=get("baseline", d.baseline), scale=get("scale", d.scale),
+                       binary_only=bool(get("binary_only", d.binary_only)),
                        max_turns=int(getattr(args, "awm_max_turns", None) or d.max_turns))
-    return cfg, bool(get("binary_only", False))
+    for name, value, allowed in (("progress_form", cfg.progress_form, ("difference", "potential")),
+                                 ("estimator", cfg.estimator, ("carry", "naive")),
+                                 ("baseline", cfg.baseline, ("loo", "mean")), ("scale", cfg.scale, ("none", "group_std"))):
+        if value not in allowed:
+            raise ValueError(f"awm_credit_{name} {value!r} is unknown: use one of {', '.join(allowed)}")
+    return cfg, cfg.binary_only
 
 
 def _valid(sample: Sample) -> bool:
@@ -107,8 +118,10 @@ def signals(args: argparse.Namespace, sample: Sample, cfg: CreditConfig, binary_
     phi0 = credit["phi0_b"] if binary_only else credit["phi0"]
     first = next((t for t, bad in enumerate(credit["fmt"]) if bad), None)  # reward.py charges the penalty once
     fmt = [t == first for t in range(len(credit["fmt"]))]
+    judge = awm.get("judge")
     return EpisodeSignals([float(phi0), *map(float, phis)], list(credit["write"]), list(credit["error"]),
-                          list(credit["rel_read"]), fmt, r_out, list(credit["ok"]), list(credit["rel_tool"]))
+                          list(credit["rel_read"]), fmt, r_out, list(credit["ok"]), list(credit["rel_tool"]),
+                          None if judge is None else list(judge))
 
 
 def pad_turns(values: TurnValues, num_turns: int | None = None) -> Tensor:
@@ -147,9 +160,16 @@ def advantages(args: argparse.Namespace, samples: Sequence[Sample]) -> list[floa
     trajectory = cfg.method in ("b1", "traj_agg")
     out: list[float | list[float]] = [0.0] * len(samples)
     groups: dict[Any, list[int]] = defaultdict(list)
+    segment_of: dict[int, Any] = {}  # B1's sliding window: turns trained in samples of their own
     for i, s in enumerate(samples):
-        if _valid(s):
+        segment = (s.metadata or {}).get("awm_segment")
+        if segment is not None:
+            segment_of[i] = segment["of"]
+        elif _valid(s):
             groups[s.group_index if s.group_index is not None else ("alone", i)].append(i)
+    if segment_of and not trajectory:
+        raise ValueError(f"awm_credit_method {cfg.method!r} cannot credit a windowed episode's turn samples: "
+                         "awm_history_window_turns is for b1 only")
     for members in groups.values():
         sigs = [signals(args, samples[i], cfg, binary_only) for i in members]
         if trajectory:
@@ -162,6 +182,10 @@ def advantages(args: argparse.Namespace, samples: Sequence[Sample]) -> list[floa
         else:
             for i, a in zip(members, group_turn_advantages(sigs, cfg), strict=True):
                 out[i] = _spread(samples[i], a)
+    episode_at = {s.index: i for i, s in enumerate(samples) if i not in segment_of}
+    for i, of in segment_of.items():  # a windowed turn: its episode's advantage (0 if the episode is out)
+        j = episode_at.get(of)
+        out[i] = out[j] if j is not None and _valid(samples[i]) else 0.0
     for i, s in enumerate(samples):  # per-token methods: excluded samples still need one value per token
         if not trajectory and not isinstance(out[i], list):
             out[i] = [0.0] * s.response_length
