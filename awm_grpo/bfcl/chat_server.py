@@ -95,9 +95,11 @@ class ChatServer:
                   "stop_token_ids": [encoder.end_of_turn_id], "skip_special_tokens": False, "no_stop_trim": True}
         if self._client is None:
             self._client = make_client()
-        reply = await post(f"{self.engine_url}/generate", {"input_ids": input_ids, "sampling_params": params},
-                           client=self._client)
-        ids = [int(i) for i in reply.get("output_ids") or []]
+        # Token ids come back as the rollout reads them (SGLang's log-prob pairs), so any SGLang-protocol
+        # server that serves the rollout serves this too.
+        reply = await post(f"{self.engine_url}/generate", {"input_ids": input_ids, "sampling_params": params,
+                                                           "return_logprob": True}, client=self._client)
+        ids = [int(p[1]) for p in (reply.get("meta_info") or {}).get("output_token_logprobs") or []]
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         if ids and ids[-1] == encoder.end_of_turn_id and text.endswith(encoder.end_of_turn):
             text = text[: -len(encoder.end_of_turn)]
