@@ -100,10 +100,10 @@ def evaluate(opts: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         if opts.openai_base_url:
-            base_url, model_name, target = opts.openai_base_url, opts.openai_model or os.environ.get(
-                "OPENAI_MODEL"), {"kind": "openai", "base_url": opts.openai_base_url}
+            base_url, model_name = opts.openai_base_url, opts.openai_model or os.environ.get("OPENAI_MODEL")
             if not model_name:
                 raise SystemExit("--openai-model (or $OPENAI_MODEL) is required with --openai-base-url")
+            target = {"kind": "openai", "base_url": base_url, "model": model_name}
         else:
             if not opts.model:
                 raise SystemExit("--model is required with a checkpoint or --engine-url (its tokenizer and chat "
@@ -125,7 +125,7 @@ def evaluate(opts: argparse.Namespace) -> dict[str, Any]:
             server.shutdown()
         if engine is not None:
             engine.shutdown()
-    return {"target": target, "categories": categories, "limit": opts.limit, "temperature": opts.temperature,
+    return {"target": target, "limit": opts.limit, "temperature": opts.temperature,
             "wall_s": round(time.perf_counter() - started, 1), **summary}
 
 
