@@ -3,6 +3,7 @@
 #
 #   bash setup.sh              # everything: venv + packages, then the model, data and splits of this machine
 #   bash setup.sh --deps-only  # packages and the project only (what tests/run.sh uses)
+#   bash setup.sh --bfcl       # only the BFCL harness's own venv, .venv-bfcl (python -m awm_grpo.eval_bfcl)
 #   bash setup.sh --help
 #
 # CPU machines (no GPU): the pinned CPU set (torch==2.13.0, CPU build: the installer is pointed at a
@@ -23,6 +24,8 @@ DEPS_ONLY=0
 SKIP_MODEL=0
 SKIP_DATA=0
 SKIP_WARMSTART=0
+BFCL=0
+BFCL_VENV="${BFCL_VENV_DIR:-$ROOT/.venv-bfcl}"
 MODEL_PATH=""
 NUM_GPUS_ARG=""
 MODEL_HF_REPO="${MODEL_HF_REPO:-Qwen/Qwen3-4B}"
@@ -51,6 +54,8 @@ Options:
                          HF_CKPT=DIR; CPU: as the warm start's base instead of its own small model)
   --skip-data-download   GPU: do not download AWM-1K (the DBs and splits are built if the data is there)
   --skip-warmstart       CPU: do not run the warm start (python -m awm_grpo.warmstart)
+  --bfcl                 only create the BFCL harness's venv (./.venv-bfcl; env BFCL_VENV_DIR) from
+                         requirements-bfcl.txt with uv, for python -m awm_grpo.eval_bfcl; nothing else
   -h, --help             show this help
 
 Environment: MODEL_HF_REPO (Qwen/Qwen3-4B), MODEL_DIR (runs/models/Qwen3-4B), AWM_DATA_REPO
@@ -74,6 +79,7 @@ while [[ $# -gt 0 ]]; do
     --model-path) need_value "$@"; MODEL_PATH="$(realpath -m "$2")"; shift 2 ;;
     --skip-data-download) SKIP_DATA=1; shift ;;
     --skip-warmstart) SKIP_WARMSTART=1; shift ;;
+    --bfcl) BFCL=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "setup.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -90,6 +96,30 @@ if [[ "$MODE" == "auto" ]]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then MODE="gpu"; else MODE="cpu"; fi
 fi
 log() { printf '[setup] %s\n' "$*"; }
+
+# ---- BFCL's own venv (--bfcl): bfcl-eval pins numpy 1.26.4 and many SDKs, so never the main venv ----
+if [[ "$BFCL" == 1 ]]; then
+  want="$(sha256sum "$ROOT/requirements-bfcl.txt" | cut -d" " -f1)"
+  if [[ -x "$BFCL_VENV/bin/python" && "$(cat "$BFCL_VENV/.stateful-rl-bfcl" 2>/dev/null)" == "$want" ]]; then
+    log "BFCL: $BFCL_VENV is up to date"; exit 0
+  fi
+  [[ -x "$BFCL_VENV/bin/python" ]] || { log "BFCL: creating $BFCL_VENV with $PYTHON"; "$PYTHON" -m venv "$BFCL_VENV"; }
+  BFCL_UV="$VENV/bin/uv"  # the main venv's uv when there is one; else uv inside the BFCL venv
+  if [[ ! -x "$BFCL_UV" ]]; then
+    "$BFCL_VENV/bin/python" -m pip install -q --disable-pip-version-check uv==0.13.8
+    BFCL_UV="$BFCL_VENV/bin/uv"
+  fi
+  log "BFCL: installing requirements-bfcl.txt (the whole pinned closure, --no-deps) into $BFCL_VENV"
+  "$BFCL_UV" pip install --python "$BFCL_VENV/bin/python" --no-deps -q -r "$ROOT/requirements-bfcl.txt"
+  probe="$(mktemp -d)"  # bfcl-eval creates result/ and score/ under BFCL_PROJECT_ROOT on import
+  BFCL_PROJECT_ROOT="$probe" "$BFCL_VENV/bin/python" -c \
+    'import bfcl_eval.constants.model_config, bfcl_eval.eval_checker.eval_runner' \
+    || { rm -rf "$probe"; echo "setup.sh: bfcl-eval does not import in $BFCL_VENV (see the error above)" >&2; exit 1; }
+  rm -rf "$probe"
+  echo "$want" > "$BFCL_VENV/.stateful-rl-bfcl"
+  log "BFCL: done. Next: $VENV/bin/python -m awm_grpo.eval_bfcl --help"
+  exit 0
+fi
 
 # ---- 1. packages ---------------------------------------------------------------------------------
 if [[ ! -x "$VENV/bin/python" ]]; then
