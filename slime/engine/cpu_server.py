@@ -234,6 +234,13 @@ class _Server(uvicorn.Server):
         self.batcher.abort(abort_all=True)
         super().handle_exit(sig, frame)
 
+    def stop(self) -> None:
+        """Stop from another thread of this process (not a signal): abort generations, let serve() return.
+        Not `handle_exit`: sse_starlette (imported by the MCP SDK) patches uvicorn's handle_exit so that one
+        server's exit ends every event stream of the process, for good."""
+        self.batcher.abort(abort_all=True)
+        self.should_exit = True
+
 
 class CPUEngine(RolloutEngine):
     """Batcher + HTTP server on a background thread; the same endpoints as the standalone module."""
@@ -280,7 +287,7 @@ class CPUEngine(RolloutEngine):
 
     def shutdown(self) -> None:
         if self._server is not None:
-            self._server.handle_exit(signal.SIGTERM, None)
+            self._server.stop()
         if self._thread is not None:
             self._thread.join(timeout=15)
             self._thread = None

@@ -321,3 +321,14 @@ def test_released_memory_refuses_requests_until_resumed_and_weights_are_sent(mod
         assert after["meta_info"]["weight_version"] == "resumed"
     finally:
         engine.shutdown()
+
+
+def test_stopping_an_in_process_engine_leaves_other_servers_event_streams_alone(model_dir):
+    """sse_starlette (the MCP SDK's) makes any uvicorn `handle_exit` end every event stream of the process
+    for good; an engine stopped in-process (eval, BFCL) must not, or a later SSE server answers nothing."""
+    from sse_starlette.sse import AppStatus
+
+    engine = CPUEngine(model_dir, port=0, seed=0)
+    engine.start()
+    engine.shutdown()
+    assert AppStatus.should_exit is False
