@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from awm.data import read_jsonl
+
 MAX_DEPTH = 4  # how deep under the root runs are looked for (root/RUN/traces/*.jsonl is depth 2)
 STEP_FILE = re.compile(r"^(?P<series>rollout|eval_(?P<set>.+))_(?P<step>\d+)\.jsonl$")
 
@@ -105,8 +107,7 @@ def read_file(run_dir: Path, name: str) -> list[dict[str, Any]]:
     path = Path(run_dir) / name
     if "/" in name or not path.is_file():
         raise TraceError(f"no trace file {name!r} in {run_dir}")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(path)
 
 
 def curves(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
