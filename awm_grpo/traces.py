@@ -62,6 +62,7 @@ def write_trace(trace_dir: str | None, kind: str, step: int, sample: Any, episod
         "response_length": sample.response_length, "weight_versions": list(sample.weight_versions or []),
         "timings": episode.timings, "turns": episode.turns, "messages": episode.messages,
         "recovery": getattr(episode, "recovery", None),
+        "handover": (sample.metadata or {}).get("handover"),  # a damaged start (recovery split), else None
     }
     sample.metadata[TRACE_KEY] = record
     if trace_dir:

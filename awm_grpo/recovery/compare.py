@@ -1,24 +1,26 @@
-"""B1 (outcome-only GRPO) against the recovery method, on the embedded CPU default, judged on the controlled split.
+"""Compare credit methods and ablations on the controlled recovery split: train, evaluate, table, tests, plots.
 
-    python -m awm_grpo.recovery.compare                                   # build what is missing, train, evaluate, print
-    python -m awm_grpo.recovery.compare --methods b1 ours traj_agg --seeds 0 1 2 --steps 4 --eval-limit 0
-    python -m awm_grpo.recovery.compare --dry-run                         # print the training commands only
+    python -m awm_grpo.recovery.compare --testbed runs/awm_grpo/recovery_testbed   # the experiment (docs/recovery-method.md)
+    python -m awm_grpo.recovery.compare --arms b1 ours --seeds 0 1 2 --steps 4      # bundled split, warm start
+    python -m awm_grpo.recovery.compare --dry-run                                   # print the training commands only
 
-For every seed and method: a short `python -m slime.train` run from the same starting model, same
+For every seed and arm: a short `python -m slime.train` run from the same starting model, same
 prompts, same seeds, the recipe's plugins (awm_grpo.rollout / reward / traces), progress predicates
-on, and only the credit switched (`awm_credit_method` through `awm_grpo.recovery.advantages`); then
-the trained policy plays every handover of the controlled recovery split (`awm_grpo.recovery.split`)
-of the tasks held out from training (`--eval-tasks heldout`: the val and test split's tasks; `all`:
-every task, training tasks included, from their damaged states).
+on, and only the credit switched (an arm is `awm_credit_*` keys through `awm_grpo.recovery.advantages`:
+ARMS); then the trained policy plays every handover of the controlled recovery split
+(`awm_grpo.recovery.split`) of the tasks held out from training (`--eval-tasks heldout`: the val and
+test prompts' tasks; `all`: every task, training tasks included) and, from their initial states,
+the held-out tasks themselves (ordinary success: the method must not cost it).
 Training prompts (`--train-from`): the train split from initial states, the split's handovers of
 the other tasks (episodes that start damaged, where a dip and a repair can actually be credited), or
-both. "base" is the starting model itself. The table shows mean +- std over seeds of recovery_success,
-additional_damage, verification_first_rate, SR and DSR, all and per task type; `OUT/compare.json`
-keeps every figure and the commands.
+both. "base" is the starting model itself, evaluated first: if it never repairs or always does,
+no arm can differ and the report says so.
 
-Starting model: `--model`, else the warm-started small model (`python -m awm_grpo.warmstart`: a
-model built from scratch never writes a tool call, so neither method could learn anything), else
-the random base model with a warning. On 2 shared CPU cores keep runs to a few steps.
+`--testbed DIR` (awm_grpo.recovery.testbed) takes the split, prompts, data and warm start from DIR, and
+builds whichever of them is missing first (one command from nothing to the table and plots).
+Writes OUT/compare.json (every figure, per-handover outcomes, commands, wall times), OUT/compare.md
+(the tables with paired tests against B1, awm_grpo.recovery.report) and OUT/learning_curves.png +
+OUT/held_out.png. On 2 shared CPU cores keep runs to a few minutes each.
 """
 
 from __future__ import annotations
@@ -37,23 +39,42 @@ import yaml
 
 from awm_grpo.launch.job import PLUGINS
 from awm_grpo.launch.processes import Children
+from awm_grpo.recovery import report, testbed
 from awm_grpo.recovery import split as recovery_split
 from awm_grpo.recovery.credit import CreditConfig
-from awm_grpo.recovery.plugin import METHODS
 from slime.backends.checkpoint import copy_tokenizer_files
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "runs" / "awm_grpo" / "compare"
 SPLITS = REPO / "runs" / "awm_grpo" / "splits" / "bundled"
 MODELS = REPO / "runs" / "awm_grpo" / "models"
+REFERENCE_ARM = "b1"
+# An arm = the awm_credit_* keys it sets on top of the shared ones (docs/recovery-method.md, Baselines and ablations).
+ARMS: dict[str, dict[str, Any]] = {
+    "b1": {"awm_credit_method": "b1"},              # outcome-only GRPO
+    "b2": {"awm_credit_method": "b2"},              # action-based step reward, turn-level credit
+    "b2plus": {"awm_credit_method": "b2plus"},      # an LLM judge's per-call score (needs --judge-url)
+    "ours": {"awm_credit_method": "ours"},          # progress + verification bonus, carry + leave-one-out
+    "traj_agg": {"awm_credit_method": "traj_agg"},  # ours' rewards summed per trajectory
+    "s1_binary": {"awm_credit_method": "ours", "awm_credit_binary_only": True},
+    "potential": {"awm_credit_method": "ours", "awm_credit_progress_form": "potential"},
+    "naive": {"awm_credit_method": "ours", "awm_credit_estimator": "naive"},
+    "v1_no_verify": {"awm_credit_method": "ours", "awm_credit_beta": 0.0},
+}
+TABLE_METRICS = ("recovery_success", "additional_damage", "verification_first_rate", "SR_ordinary")
 
 
-def runtime_yaml(opts: argparse.Namespace, method: str, predicates: Path, trace_dir: Path) -> dict[str, Any]:
-    """The awm_* keys of one run: everything equal across methods except awm_credit_method."""
-    return {"awm_predicates": str(predicates), "awm_credit_method": method, "awm_credit_lambda": opts.lam,
-            "awm_credit_beta": opts.beta, "awm_credit_eta": opts.eta, "awm_max_turns": opts.max_turns,
+def runtime_yaml(opts: argparse.Namespace, arm: str, predicates: Path, trace_dir: Path,
+                 data_dir: str | None = None) -> dict[str, Any]:
+    """The awm_* keys of one run: everything equal across arms except the arm's awm_credit_* keys."""
+    keys = {"awm_predicates": str(predicates), "awm_credit_lambda": opts.lam, "awm_credit_beta": opts.beta,
+            "awm_credit_eta": opts.eta, "awm_max_turns": opts.max_turns,
             "awm_max_tokens_per_turn": opts.max_tokens_per_turn, "awm_max_observation_tokens": 256,
-            "awm_terminate_on_invalid_call": True, "awm_env_workers": 1, "awm_trace_dir": str(trace_dir)}
+            "awm_terminate_on_invalid_call": True, "awm_env_workers": 1, "awm_trace_dir": str(trace_dir),
+            "awm_data_dir": data_dir, **ARMS[arm]}
+    if arm == "b2plus":
+        keys.update({"awm_judge_url": opts.judge_url, "awm_judge_model": opts.judge_model})
+    return keys
 
 
 def train_command(opts: argparse.Namespace, model: Path, run_dir: Path, config: Path, seed: int) -> list[str]:
@@ -104,18 +125,27 @@ def final_model(run_dir: Path, base: Path) -> Path:
     return dest
 
 
+def _prompt_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
 def held_out_tasks(which: str, splits_dir: Path = SPLITS) -> set[tuple[str, int]] | None:
     """(scenario, task_idx) of the prompt split(s) named by `which` (heldout = val + test); None for all."""
     if which == "all":
         return None
     names = ("val", "test") if which == "heldout" else (which,)
-    out = set()
-    for name in names:
-        for line in (Path(splits_dir) / f"{name}.jsonl").read_text().splitlines():
-            if line.strip():
-                meta = json.loads(line)["metadata"]
-                out.add((meta["scenario"], int(meta["task_idx"])))
-    return out
+    return {(r["metadata"]["scenario"], int(r["metadata"]["task_idx"]))
+            for name in names for r in _prompt_rows(Path(splits_dir) / f"{name}.jsonl")}
+
+
+def ordinary_prompts(which: str, splits_dir: Path, dest: Path) -> Path | None:
+    """The held-out prompts themselves (initial states), for success on non-damaged tasks; None for `all`."""
+    if which == "all":
+        return None
+    names = ("val", "test") if which == "heldout" else (which,)
+    rows = [r for name in names for r in _prompt_rows(Path(splits_dir) / f"{name}.jsonl")]
+    dest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return dest if rows else None
 
 
 def training_prompts(opts: argparse.Namespace, split: Path, held_out: set[tuple[str, int]] | None, dest: Path) -> Path:
@@ -140,6 +170,8 @@ def training_prompts(opts: argparse.Namespace, split: Path, held_out: set[tuple[
 def starting_model(opts: argparse.Namespace) -> Path:
     if opts.model:
         return Path(opts.model).resolve()
+    if opts.testbed:
+        return testbed.ensure(Path(opts.testbed), warm_start=not opts.dry_run).resolve()
     if (MODELS / "warmstart" / "config.json").exists():
         return MODELS / "warmstart"
     print("compare: no warm-started model (python -m awm_grpo.warmstart --data runs/awm_grpo/splits/bundled "
@@ -148,16 +180,22 @@ def starting_model(opts: argparse.Namespace) -> Path:
     return MODELS / "base"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m awm_grpo.recovery.compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(DEFAULT_OUT))
-    p.add_argument("--model", help="starting HF model folder (default: runs/awm_grpo/models/warmstart, else base)")
+    p.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT}, or TESTBED/compare)")
+    p.add_argument("--testbed", help="a folder of `python -m awm_grpo.recovery.testbed`: its split, prompts, data "
+                                     "and warm start (models/ws)")
+    p.add_argument("--model", help="starting HF model folder (default: the testbed's or runs/awm_grpo/models/"
+                                   "warmstart, else base)")
     p.add_argument("--split", help="controlled recovery split folder (default: OUT/split, built when missing)")
-    p.add_argument("--train-prompts", default=str(SPLITS / "train.jsonl"))
+    p.add_argument("--train-prompts", default=None, help=f"default {SPLITS / 'train.jsonl'}")
     p.add_argument("--train-from", default="both", choices=["initial", "handovers", "both"],
                    help="train from the initial states (train split), from the split's handovers of the "
                         "non-held-out tasks, or both (default)")
-    p.add_argument("--methods", nargs="+", default=["b1", "ours"], choices=METHODS)
+    p.add_argument("--arms", nargs="+", default=["b1", "ours"], choices=list(ARMS),
+                   help="credit methods and ablations to train (default b1 ours)")
+    p.add_argument("--judge-url", help="b2plus: OpenAI-compatible endpoint of the judge model")
+    p.add_argument("--judge-model", help="b2plus: the judge's model name")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--no-base", action="store_true", help="do not evaluate the starting model itself")
     p.add_argument("--steps", type=int, default=3, help="training steps per run")
@@ -173,12 +211,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-tasks", default="heldout", choices=["heldout", "test", "val", "all"],
                    help="whose handovers to evaluate on (default heldout: the val and test tasks, never trained on)")
     p.add_argument("--eval-limit", type=int, default=0, help="only the first N handovers (0: all)")
+    p.add_argument("--eval-n", type=int, default=1, help="episodes per handover (and held-out task) per seed")
     p.add_argument("--eval-temperature", type=float, default=0.7)
+    p.add_argument("--no-ordinary", action="store_true", help="skip success on the held-out tasks from their "
+                                                              "initial states")
     p.add_argument("--train-timeout", type=float, default=900.0, help="seconds per training run")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--report-only", action="store_true", help="rewrite compare.md and the plots of the finished run "
+                                                               "in OUT from its compare.json and traces")
     opts = p.parse_args(argv)
-    out = Path(opts.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    if "b2plus" in opts.arms and not (opts.judge_url and opts.judge_model):
+        p.error("arm b2plus needs a judge: --judge-url URL --judge-model NAME (any OpenAI-compatible endpoint)")
+    if opts.testbed:
+        tb = opts.testbed = str(Path(opts.testbed).resolve())
+        if Path(tb).exists() and not (Path(tb) / "testbed.json").exists():
+            p.error(f"{tb} exists but is not a testbed: give a new folder (it is built there) or one written by "
+                    "`python -m awm_grpo.recovery.testbed`")
+        tb = Path(tb)
+        opts.split = opts.split or str(tb / "split")
+        opts.train_prompts = opts.train_prompts or str(tb / "prompts" / "train.jsonl")
+        opts.out = opts.out or str(tb / "compare")
+    opts.train_prompts = opts.train_prompts or str(SPLITS / "train.jsonl")
+    opts.out = opts.out or str(DEFAULT_OUT)
+    return opts
+
+
+def prepare_inputs(opts: argparse.Namespace, out: Path) -> Path:
+    """Build the split and the CPU profile's splits when missing (bundled mode); returns the split folder."""
+    if opts.testbed:
+        testbed.ensure(Path(opts.testbed), warm_start=False)
     split = Path(opts.split).resolve() if opts.split else out / "split"
     if not (split / "split.jsonl").exists() and not opts.dry_run:
         print(f"building the controlled recovery split in {split}", file=sys.stderr)
@@ -191,58 +252,177 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"writing the CPU profile's splits (by task, seed 42) to {SPLITS}", file=sys.stderr)
         prepare(SPLITS, split_by="task", seed=42)
+    return split
+
+
+class Evaluation:
+    """Every policy's held-out figures, per seed: handover metrics, per-handover outcomes, ordinary SR."""
+
+    def __init__(self, opts: argparse.Namespace, split: Path, tasks: set[tuple[str, int]] | None,
+                 ordinary: Path | None) -> None:
+        self.opts, self.split, self.tasks, self.ordinary = opts, split, tasks, ordinary
+        self.runs: dict[str, Any] = {}  # "policy/seedK" -> metrics, per-handover outcomes, eval seconds
+
+    def __call__(self, name: str, policy: Path, seed: int) -> None:
+        o, started = self.opts, time.perf_counter()
+        common = {"model": str(policy), "seed": seed, "n": o.eval_n, "temperature": o.eval_temperature,
+                  "max_turns": o.max_turns, "max_tokens_per_turn": o.max_tokens_per_turn,
+                  "max_response_len": o.max_response_len, "limit": o.eval_limit}
+        metrics, records = recovery_split.evaluate(self.split, tasks=self.tasks, **common)
+        if self.ordinary is not None:
+            manifest = json.loads((self.split / "manifest.json").read_text())
+            ordinary, _ = recovery_split.play(self.ordinary, predicates=self.split / "predicates.jsonl",
+                                              tool_mode=manifest.get("tool_mode", "meta"),
+                                              data_dir=manifest.get("data_dir"), **common)
+            metrics.setdefault("all", {})["SR_ordinary"] = (ordinary.get("all") or {}).get("SR")
+        self.runs[f"{name}/seed{seed}"] = {"metrics": metrics, "eval_s": round(time.perf_counter() - started, 1),
+                                           "handovers": report.per_item_success(records)}
+        print(f"[compare] evaluated {name} seed {seed} in {time.perf_counter() - started:.0f}s: recovery_success "
+              f"{_rate(metrics, 'recovery_success')}, SR_ordinary {_rate(metrics, 'SR_ordinary')}", file=sys.stderr)
+
+
+def _rate(metrics: dict[str, Any], key: str) -> str:
+    value = (metrics.get("all") or {}).get(key)
+    return f"{value['rate']:.3f} ({value['n']}/{value['of']})" if isinstance(value, dict) and value.get("of") else "-"
+
+
+def summarize(per_policy: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """Policy -> metric -> (mean, std over seeds, seeds with a value), over all task types."""
+    out = {}
+    for name, runs in per_policy.items():
+        out[name] = {}
+        for key in TABLE_METRICS:
+            vals = [m["all"][key]["rate"] for m in runs if isinstance((m.get("all") or {}).get(key), dict)
+                    and m["all"][key]["rate"] is not None]
+            mean, std = report.mean_std(vals)
+            out[name][key] = (mean, std, len(vals))
+    return out
+
+
+def paired_tests(metrics: dict[str, list[dict[str, Any]]],
+                 items: dict[str, list[dict[str, list[float]]]]) -> dict[str, dict[str, dict[str, float] | None]]:
+    """Each policy against B1 (report.py): recovery_success over seeds and over handovers, and
+    SR_ordinary over seeds (the method must not cost ordinary success)."""
+    if REFERENCE_ARM not in metrics:
+        return {}
+
+    def rates(name: str, key: str) -> list[float]:
+        return [m["all"][key]["rate"] if isinstance(m["all"].get(key), dict) and m["all"][key]["rate"] is not None
+                else float("nan") for m in metrics[name]]
+
+    out = {}
+    for name in metrics:
+        if name == REFERENCE_ARM:
+            continue
+        same = len(metrics[name]) == len(metrics[REFERENCE_ARM])
+        out[name] = {"recovery_seeds": report.paired_t(rates(name, "recovery_success"),
+                                                       rates(REFERENCE_ARM, "recovery_success")) if same else None,
+                     "recovery_handovers": report.sign_flip(report.handover_diffs(items[name], items[REFERENCE_ARM])),
+                     "ordinary_seeds": report.paired_t(rates(name, "SR_ordinary"), rates(REFERENCE_ARM, "SR_ordinary"))
+                     if same and "SR_ordinary" in metrics[name][0]["all"] else None}
+    return out
+
+
+def run_curves(out: Path, arms: list[str], seeds: list[int]) -> dict[str, dict[str, list[dict[int, float]]]]:
+    """kind (recovery: damaged starts, ordinary: initial states) -> arm -> per seed: success by training step."""
+    from awm_grpo.traces import read_records
+
+    curves: dict[str, dict[str, list[dict[int, float]]]] = {"recovery": {}, "ordinary": {}}
+    for arm in arms:
+        for seed in seeds:
+            records = read_records(out / f"{arm}-seed{seed}" / "traces", "rollout_*.jsonl")
+            curves["recovery"].setdefault(arm, []).append(report.learning_curve(records, handovers=True))
+            curves["ordinary"].setdefault(arm, []).append(report.learning_curve(records, handovers=False))
+    return curves
+
+
+def write_report(out: Path, results: dict[str, Any]) -> None:
+    """compare.json, compare.md and the plots from the runs' evaluations and traces (also `--report-only`)."""
+    metrics: dict[str, list[dict[str, Any]]] = {}
+    items: dict[str, list[dict[str, list[float]]]] = {}
+    for key, run in results["runs"].items():  # "policy/seedK", in the order they ran
+        name = key.rsplit("/", 1)[0]
+        metrics.setdefault(name, []).append(run["metrics"])
+        items.setdefault(name, []).append(run["handovers"])
+    table = summarize(metrics)
+    tests = paired_tests(metrics, items)
+    curves = run_curves(out, results["arms"], results["seeds"])
+    results.update(table=table, tests=tests, by_task_type={n: recovery_split.summarize(r) for n, r in metrics.items()},
+                   curves={kind: {a: [{str(k): v for k, v in c.items()} for c in cs] for a, cs in by_arm.items()}
+                           for kind, by_arm in curves.items()})
+    (out / "compare.json").write_text(json.dumps(results, indent=1, default=str))
+    b = results["budget"]
+    title = (f"{Path(results['testbed']).name if results.get('testbed') else 'bundled split'}: {b['steps']} steps x "
+             f"{b['batch']} prompts x {b['group']} rollouts, seeds {' '.join(map(str, results['seeds']))}")
+    plots = report.plot(out, {kind: {a: [report.smooth(c, 5) for c in cs] for a, cs in by_arm.items()}
+                              for kind, by_arm in curves.items()}, table, ("recovery_success", "SR_ordinary"), title)
+    md = (f"Held-out handovers ({results['eval_tasks']}) of {results['split']}, {title}; eval n={b['eval_n']} at T "
+          f"{b['eval_temperature']}; mean +- std over seeds; paired tests against B1 (report.py). "
+          f"Wall time {results.get('wall_s', 0) / 60:.1f} min.\n\n" + report.markdown_table(table, TABLE_METRICS, tests))
+    (out / "compare.md").write_text(md)
+    print("\n" + md)
+    recovery_split.print_table(results["by_task_type"])
+    print(f"\nwrote {out / 'compare.json'}, {out / 'compare.md'}, {', '.join(str(x) for x in plots)}")
+    base = table.get("base", {}).get("recovery_success")
+    if base and base[2] and base[0] in (0.0, 1.0) and base[1] == 0:
+        print(f"WARNING: the starting model's recovery success is {base[0]:.0f} on every seed: no arm can be told "
+              "apart from another on this split (docs/recovery-method.md)", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse(argv)
+    started = time.perf_counter()
+    out = Path(opts.out).resolve()
+    if opts.report_only:
+        if not (out / "compare.json").exists():
+            raise SystemExit(f"{out / 'compare.json'} does not exist: --report-only rewrites the report of a finished run")
+        write_report(out, json.loads((out / "compare.json").read_text()))
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    split = prepare_inputs(opts, out)
     model = starting_model(opts)
-    tasks = held_out_tasks(opts.eval_tasks, Path(opts.train_prompts).parent)
+    splits_dir = Path(opts.train_prompts).parent
+    tasks = held_out_tasks(opts.eval_tasks, splits_dir)
     if not opts.dry_run or (split / "split.jsonl").exists():
         opts.train_prompts = str(training_prompts(opts, split, tasks, out / "train_prompts.jsonl"))
+    data_dir = None
+    if (split / "manifest.json").exists():
+        data_dir = json.loads((split / "manifest.json").read_text()).get("data_dir")
+    ordinary = None if opts.no_ordinary else ordinary_prompts(opts.eval_tasks, splits_dir, out / "ordinary.jsonl")
+    ev = Evaluation(opts, split, tasks, ordinary)
     results: dict[str, Any] = {"model": str(model), "split": str(split), "eval_tasks": opts.eval_tasks,
-                               "train_from": opts.train_from,
-                               "seeds": opts.seeds, "runs": {}, "commands": {}}
-    per_policy: dict[str, list[dict[str, Any]]] = {}
-
-    def evaluate(name: str, policy: Path, seed: int) -> None:
-        started = time.perf_counter()
-        metrics, _ = recovery_split.evaluate(split, model=str(policy), seed=seed, temperature=opts.eval_temperature,
-                                             max_turns=opts.max_turns, max_tokens_per_turn=opts.max_tokens_per_turn,
-                                             max_response_len=opts.max_response_len, limit=opts.eval_limit,
-                                             tasks=tasks)
-        per_policy.setdefault(name, []).append(metrics)
-        results["runs"][f"{name}/seed{seed}"] = {"metrics": metrics, "eval_s": round(time.perf_counter() - started, 1)}
-        print(f"[compare] evaluated {name} seed {seed} in {time.perf_counter() - started:.0f}s", file=sys.stderr)
-
+                               "train_from": opts.train_from, "testbed": opts.testbed, "seeds": opts.seeds,
+                               "arms": opts.arms, "budget": {k: getattr(opts, k) for k in (
+                                   "steps", "batch", "group", "lr", "eval_n", "eval_temperature", "max_turns")},
+                               "runs": ev.runs, "commands": {}, "train_s": {}}
     for seed in opts.seeds:
         if not opts.no_base and not opts.dry_run:
-            evaluate("base", model, seed)
-        for method in opts.methods:
-            run_dir = out / f"{method}-seed{seed}"
+            ev("base", model, seed)
+        for arm in opts.arms:
+            run_dir = out / f"{arm}-seed{seed}"
             if run_dir.exists() and not opts.dry_run:
                 shutil.rmtree(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             config = run_dir / "awm_runtime.yaml"
-            config.write_text(yaml.safe_dump(runtime_yaml(opts, method, split / "predicates.jsonl",
-                                                          run_dir / "traces")))
+            config.write_text(yaml.safe_dump(runtime_yaml(opts, arm, split / "predicates.jsonl", run_dir / "traces",
+                                                          data_dir)))
             cmd = train_command(opts, model, run_dir, config, seed)
-            results["commands"][f"{method}/seed{seed}"] = " ".join(cmd)
+            results["commands"][f"{arm}/seed{seed}"] = " ".join(cmd)
             if opts.dry_run:
                 print(" ".join(cmd))
                 continue
-            started = time.perf_counter()
+            t0 = time.perf_counter()
             rc = _run(cmd, run_dir / "train.log", opts.train_timeout)
-            print(f"[compare] trained {method} seed {seed}: rc={rc} in {time.perf_counter() - started:.0f}s",
-                  file=sys.stderr)
+            results["train_s"][f"{arm}/seed{seed}"] = round(time.perf_counter() - t0, 1)
+            print(f"[compare] trained {arm} seed {seed}: rc={rc} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
             if rc != 0:
-                raise SystemExit(f"training {method} seed {seed} failed (rc={rc}): see {run_dir / 'train.log'}")
-            evaluate(method, final_model(run_dir, model), seed)
+                raise SystemExit(f"training {arm} seed {seed} failed (rc={rc}): see {run_dir / 'train.log'}")
+            ev(arm, final_model(run_dir, model), seed)
     if opts.dry_run:
         return 0
-    table = {name: recovery_split.summarize(runs) for name, runs in per_policy.items()}
-    results["table"] = table
-    (out / "compare.json").write_text(json.dumps(results, indent=1, default=str))
-    print(f"\ncontrolled recovery split ({split}, tasks: {opts.eval_tasks}), model {model.name}, trained from "
-          f"{opts.train_from}: {opts.steps} steps x {opts.batch} prompts x {opts.group} rollouts, seeds {opts.seeds}")
-    recovery_split.print_table(table)
+    results["wall_s"] = round(time.perf_counter() - started, 1)
+    write_report(out, results)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

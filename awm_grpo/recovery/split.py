@@ -65,9 +65,11 @@ def _observation(obs: Any, max_chars: int) -> str:
 
 
 async def _handover(runtime: Any, tracker_args: tuple, scenario: str, idx: int, calls: list[dict[str, Any]],
-                    tool_mode: str, dest: Path, max_chars: int, completion: Any = None) -> dict[str, Any] | None:
+                    tool_mode: str, dest: Path, max_chars: int, completion: Any = None,
+                    list_tools: bool = True, damage_at: int | None = None) -> dict[str, Any] | None:
     """Replay `calls` on a fresh episode; snapshot, conversation and progress of the last call. None if solved.
 
+    `damage_at`: index of the damaging call (default the last; phi_before is measured before it).
     `completion` ((calls, final answer) of the reference after its prefix): replayed on the damaged
     state after the snapshot; its verdict says whether finishing the plan without repairing the
     damage already succeeds ("complete") or a repair is needed ("others").
@@ -82,13 +84,14 @@ async def _handover(runtime: Any, tracker_args: tuple, scenario: str, idx: int, 
         code = runtime.dataset.scenario(scenario).full_code
         tracker = await asyncio.to_thread(open_tracker, *tracker_args, code, scenario, idx, ep.db_path)
         messages: list[dict[str, str]] = []
-        if tool_mode == "meta":
+        if tool_mode == "meta" and list_tools:
             messages += [{"role": "assistant", "content": "<tool_call>\n" + json.dumps(
                 {"name": protocol.LIST_TOOLS, "arguments": {}}) + "\n</tool_call>"},
                 {"role": "tool", "content": protocol.tool_catalogue(ep.tools)}]
         phi_before, obs = tracker.phi0, None
+        damage_at = len(calls) - 1 if damage_at is None else damage_at
         for i, c in enumerate(calls):
-            if i == len(calls) - 1:
+            if i == damage_at:
                 phi_before = (await asyncio.to_thread(tracker.after_tool_turn))["phi"]
             obs = await ep.call(c["tool"], c.get("arguments") or {})
             messages += [{"role": "assistant", "content": call_text(c["tool"], c.get("arguments") or {}, tool_mode)},
@@ -126,8 +129,13 @@ def _first_trouble_calls(record: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 async def build(out: Path, *, data_dir: str | None, predicates: str | None, scenarios: list[str] | None,
-                tool_mode: str, weak_traces: list[str], max_per_task: int, max_chars: int) -> dict[str, Any]:
-    """Write the split to `out` (module docstring); returns the manifest."""
+                tool_mode: str, weak_traces: list[str], max_per_task: int, max_chars: int,
+                list_tools: bool = True, read_back: bool = False) -> dict[str, Any]:
+    """Write the split to `out` (module docstring); returns the manifest.
+
+    `list_tools` False: meta-mode conversations open with the first call, not list_tools (for a policy
+    warm-started with `--no-list-tools`). `read_back`: a wrong-write handover also replays the
+    reference's reads after the wrong write, so the conversation ends on a read that shows the damage."""
     from awm.episode import EnvRuntime
     from awm.predicates.build import build as build_predicates
     from awm.predicates.build import write_predicates
@@ -146,7 +154,7 @@ async def build(out: Path, *, data_dir: str | None, predicates: str | None, scen
             write_predicates(await build_predicates(data_dir, scenarios=scenarios, runtime=runtime), pred_path)
         tasks = load_predicates(str(pred_path.resolve()))
         solutions = load_solutions(data_dir) if not weak_traces else {}
-        jobs: list[tuple[str, int, str, list[dict[str, Any]], Any]] = []
+        jobs: list[tuple[str, int, str, list[dict[str, Any]], Any, int | None]] = []
         for (scenario, idx), sol in sorted(solutions.items()):
             rec = tasks.get((scenario, idx))
             if (scenarios and scenario not in scenarios) or rec is None or rec.task_type != "state_mutating":
@@ -158,19 +166,20 @@ async def build(out: Path, *, data_dir: str | None, predicates: str | None, scen
             wrong = [c for c in sol.wrong_calls if labels.get(c["tool"], "read") != "read"
                      and json.dumps(c, sort_keys=True) not in reference]
             rest = (sol.calls[len(prefix):], sol.final_answer)
-            jobs += [(scenario, idx, "wrong_write", prefix + [c], rest) for c in wrong[:max_per_task]]
+            after = prefix if read_back else []
+            jobs += [(scenario, idx, "wrong_write", prefix + [c] + after, rest, len(prefix)) for c in wrong[:max_per_task]]
         for path in weak_traces:
             for line in Path(path).read_text().splitlines():
                 r = json.loads(line) if line.strip() else None
                 rec = tasks.get((r["scenario"], r["task_idx"])) if r else None
                 calls = _first_trouble_calls(r) if rec is not None and rec.task_type == "state_mutating" else None
                 if calls and not r.get("infra_error") and (not scenarios or r["scenario"] in scenarios):
-                    jobs.append((r["scenario"], r["task_idx"], "weak_policy", calls, None))
+                    jobs.append((r["scenario"], r["task_idx"], "weak_policy", calls, None, None))
         rows, skipped = [], 0
-        for n, (scenario, idx, source, calls, rest) in enumerate(jobs):
+        for n, (scenario, idx, source, calls, rest, damage_at) in enumerate(jobs):
             name = f"{scenario}-{idx}-{n}.db"
             h = await _handover(runtime, (str(pred_path.resolve()),), scenario, idx, calls, tool_mode,
-                                out / "states" / name, max_chars, rest)
+                                out / "states" / name, max_chars, rest, list_tools, damage_at)
             if h is None:
                 skipped += 1
                 continue
@@ -192,6 +201,7 @@ async def build(out: Path, *, data_dir: str | None, predicates: str | None, scen
         v = str(r["metadata"]["handover"]["reference_completion"])
         completion[v] = completion.get(v, 0) + 1
     manifest = {"handovers": len(rows), "skipped_already_complete": skipped, "kinds": kinds, "tool_mode": tool_mode,
+                "list_tools": list_tools, "read_back": read_back, "data_dir": str(Path(data_dir).resolve()) if data_dir else None,
                 "reference_completion": completion,
                 "tasks": len({(r["metadata"]["scenario"], r["metadata"]["task_idx"]) for r in rows})}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -218,33 +228,48 @@ def resolved_split(split_dir: Path, dest: Path, tasks: set[tuple[str, int]] | No
     return dest
 
 
-def evaluate(split_dir: str | Path, *, model: str | None, engine_url: str | None = None, seed: int = 0,
-             n: int = 1, temperature: float = 0.0, max_response_len: int = 1024, max_turns: int = 8,
-             max_tokens_per_turn: int | None = 256, max_observation_tokens: int = 256, concurrency: int = 4,
-             limit: int = 0, tasks: set[tuple[str, int]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Play the policy from every handover: (recovery metrics by task type, trace records)."""
+def play(prompts: Path, *, predicates: Path, tool_mode: str, data_dir: str | None, model: str | None,
+         engine_url: str | None = None, seed: int = 0, n: int = 1, temperature: float = 0.0,
+         max_response_len: int = 1024, max_turns: int = 8, max_tokens_per_turn: int | None = 256,
+         max_observation_tokens: int = 256, concurrency: int = 4,
+         limit: int = 0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Play the policy on every prompt of `prompts` (damaged starts or initial states) through the
+    training rollout with progress on: (recovery metrics by task type, trace records)."""
     import yaml
 
     from awm_grpo import eval as awm_eval
     from awm_grpo.recovery.metrics import recovery_metrics
     from awm_grpo.recovery.plugin import episode_record
 
-    split_dir = Path(split_dir)
-    manifest = json.loads((split_dir / "manifest.json").read_text())
     with tempfile.TemporaryDirectory(prefix="awm-recovery-eval-") as tmp:
-        split = resolved_split(split_dir, Path(tmp) / "split.jsonl", tasks)
         config = Path(tmp) / "runtime.yaml"
-        config.write_text(yaml.safe_dump({"awm_predicates": str((split_dir / "predicates.jsonl").resolve()),
-                                          "awm_tool_mode": manifest.get("tool_mode", "meta"),
+        config.write_text(yaml.safe_dump({"awm_predicates": str(Path(predicates).resolve()),
+                                          "awm_tool_mode": tool_mode, "awm_data_dir": data_dir,
                                           "awm_max_turns": max_turns, "awm_env_workers": 1,
                                           "awm_max_tokens_per_turn": max_tokens_per_turn,
                                           "awm_max_observation_tokens": max_observation_tokens}))
-        opts = argparse.Namespace(split=str(split), model=model, engine_url=engine_url, openai_base_url=None,
+        opts = argparse.Namespace(split=str(prompts), model=model, engine_url=engine_url, openai_base_url=None,
                                   openai_model=None, config=str(config), n=n, temperature=temperature,
                                   max_response_len=max_response_len, max_tokens_per_turn=512,
                                   concurrency=concurrency, limit=limit, seed=seed)
         records = awm_eval.evaluate(opts)
     return recovery_metrics([episode_record(r, max_turns) for r in records]), records
+
+
+def evaluate(split_dir: str | Path, *, model: str | None, engine_url: str | None = None, seed: int = 0,
+             n: int = 1, temperature: float = 0.0, max_response_len: int = 1024, max_turns: int = 8,
+             max_tokens_per_turn: int | None = 256, max_observation_tokens: int = 256, concurrency: int = 4,
+             limit: int = 0, tasks: set[tuple[str, int]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Play the policy from every handover: (recovery metrics by task type, trace records)."""
+    split_dir = Path(split_dir)
+    manifest = json.loads((split_dir / "manifest.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="awm-recovery-split-") as tmp:
+        split = resolved_split(split_dir, Path(tmp) / "split.jsonl", tasks)
+        return play(split, predicates=split_dir / "predicates.jsonl", tool_mode=manifest.get("tool_mode", "meta"),
+                    data_dir=manifest.get("data_dir"), model=model, engine_url=engine_url, seed=seed, n=n,
+                    temperature=temperature, max_response_len=max_response_len, max_turns=max_turns,
+                    max_tokens_per_turn=max_tokens_per_turn, max_observation_tokens=max_observation_tokens,
+                    concurrency=concurrency, limit=limit)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float, int]]]:

@@ -69,3 +69,15 @@ def test_every_family_instance_is_solved_by_its_reference_and_not_by_the_untouch
     assert [k for k, r in results.items() if r[0] != "complete"] == []
     mutating = [k for k in results if solutions[k].task_type == "state_mutating"]
     assert len(mutating) > 80 and [k for k in mutating if results[k][1] != "others"] == []
+
+
+def test_testbed_only_families_stay_out_of_the_practice_set(practice):
+    """The recovery testbed's companion families must not change the practice set's tasks (its split and figures)."""
+    from awm.scenarios.online_grocery_1 import scenario as grocery
+
+    marked = {f["family"] for f in grocery.FAMILIES if f.get("testbed_only")}
+    assert marked == {"set_two_cart_quantities"}
+    in_practice = {s.family for s in load_solutions(practice).values() if s.family}
+    assert not in_practice & marked
+    with_testbed = {t["family"] for t in families.expand_scenario(grocery, testbed=True)}
+    assert marked <= with_testbed and with_testbed - marked == {t["family"] for t in families.expand_scenario(grocery)}

@@ -6,6 +6,7 @@ the end; it runs one step per method with the random tiny model, so it checks wi
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -23,17 +24,55 @@ def options(**kw):
     parser_defaults = {"lam": 0.5, "beta": 0.05, "eta": 0.95, "max_turns": 6, "max_tokens_per_turn": 128,
                        "steps": 2, "batch": 2, "group": 4, "lr": 1e-5, "max_response_len": 1024,
                        "train_prompts": "train.jsonl"}
-    import argparse
-
     return argparse.Namespace(**{**parser_defaults, **kw})
 
 
-def test_runs_differ_only_in_the_credit_method(tmp_path):
+def test_runs_differ_only_in_the_arm_s_credit_keys(tmp_path):
     opts = options()
     b1 = compare.runtime_yaml(opts, "b1", tmp_path / "p.jsonl", tmp_path / "t")
-    ours = compare.runtime_yaml(opts, "ours", tmp_path / "p.jsonl", tmp_path / "t")
-    assert {k for k in b1 if b1[k] != ours[k]} == {"awm_credit_method"}
+    for arm, keys in compare.ARMS.items():
+        if arm == "b2plus":
+            continue
+        other = compare.runtime_yaml(opts, arm, tmp_path / "p.jsonl", tmp_path / "t")
+        differ = {k for k in set(b1) | set(other) if b1.get(k) != other.get(k)}
+        assert differ <= set(keys) and all(k.startswith("awm_credit_") for k in differ), arm
     assert b1["awm_predicates"] == str(tmp_path / "p.jsonl") and b1["awm_terminate_on_invalid_call"] is True
+
+
+@pytest.mark.parametrize("arm, attribute, value", [("s1_binary", "binary_only", True),
+                                                   ("potential", "progress_form", "potential"),
+                                                   ("naive", "estimator", "naive"), ("v1_no_verify", "beta", 0.0),
+                                                   ("b2", "method", "b2"), ("ours", "method", "ours")])
+def test_each_ablation_arm_reaches_the_advantage_function_s_config(tmp_path, arm, attribute, value):
+    """Through slime's own YAML loader, as a training run reads the arm's runtime YAML."""
+    import yaml
+
+    from awm_grpo.recovery.credit import CreditConfig
+    from awm_grpo.recovery.plugin import credit_config
+    from slime.arguments import apply_custom_config
+
+    path = tmp_path / "rt.yaml"
+    path.write_text(yaml.safe_dump(compare.runtime_yaml(options(), arm, tmp_path / "p.jsonl", tmp_path / "t")))
+    args = argparse.Namespace()
+    apply_custom_config(args, str(path))
+    cfg, _ = credit_config(args)
+    assert getattr(cfg, attribute) == value != (getattr(CreditConfig(), attribute) if arm != "ours" else None)
+
+
+def test_b2plus_is_refused_without_a_judge_and_the_testbed_must_exist(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        compare.parse(["--arms", "b2plus", "--dry-run"])
+    assert "--judge-url" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        compare.parse(["--testbed", str(tmp_path)])  # an existing folder that is not a testbed
+    assert "not a testbed" in capsys.readouterr().err
+    (tmp_path / "testbed.json").write_text("{}")
+    opts = compare.parse(["--testbed", str(tmp_path), "--arms", "b1", "naive"])
+    assert opts.split == str(tmp_path / "split") and opts.out == str(tmp_path / "compare")
+    assert opts.train_prompts == str(tmp_path / "prompts" / "train.jsonl")
+    yaml_keys = compare.runtime_yaml(compare.parse(["--arms", "b2plus", "--judge-url", "http://j/v1",
+                                                    "--judge-model", "m"]), "b2plus", tmp_path, tmp_path)
+    assert yaml_keys["awm_judge_url"] == "http://j/v1" and yaml_keys["awm_judge_model"] == "m"
 
 
 def test_training_command_is_valid_for_slime_and_uses_the_custom_advantages(tmp_path):
@@ -88,14 +127,30 @@ def test_training_prompts_add_the_handovers_of_tasks_not_held_out(tmp_path):
 
 
 @pytest.mark.slow
-def test_compare_trains_both_methods_and_prints_the_table(tmp_path, tiny_model_dir):
+def test_compare_on_the_testbed_trains_evaluates_tests_and_plots(tmp_path, tiny_model_dir):
+    """Wiring end to end (the random tiny model learns nothing): testbed, two arms, table, tests, plots."""
+    from awm_grpo.recovery import testbed
+
+    testbed.build(tmp_path / "tb", worlds=2)
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "awm_grpo.recovery.compare", "--out", str(tmp_path), "--model",
-                          str(tiny_model_dir), "--steps", "1", "--batch", "1", "--group", "2", "--seeds", "0",
-                          "--eval-limit", "1", "--max-response-len", "512", "--max-tokens-per-turn", "32",
-                          "--eval-tasks", "all"], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+    out = subprocess.run([sys.executable, "-m", "awm_grpo.recovery.compare", "--testbed", str(tmp_path / "tb"),
+                          "--model", str(tiny_model_dir), "--arms", "b1", "naive", "--steps", "1", "--batch", "1",
+                          "--group", "2", "--seeds", "0", "--eval-limit", "2", "--max-response-len", "512", "--train-from", "handovers",
+                          "--max-tokens-per-turn", "32"], cwd=repo, env=env, capture_output=True, text=True,
+                         timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    result = json.loads((tmp_path / "compare.json").read_text())
-    assert set(result["table"]) == {"base", "b1", "ours"}
-    assert "recovery_success" in out.stdout and "ours" in out.stdout
+    folder = tmp_path / "tb" / "compare"
+    result = json.loads((folder / "compare.json").read_text())
+    assert set(result["table"]) == {"base", "b1", "naive"}
+    assert result["table"]["b1"]["SR_ordinary"][2] == 1  # the held-out tasks were played from initial states
+    assert set(result["tests"]) == {"base", "naive"} and result["tests"]["naive"]["recovery_handovers"]["n"] == 2
+    assert set(result["curves"]["recovery"]) == {"b1", "naive"} and result["curves"]["recovery"]["b1"][0]
+    assert "| naive |" in (folder / "compare.md").read_text() and "recovery_success" in out.stdout
+    for png in ("learning_curves.png", "held_out.png"):
+        assert (folder / png).read_bytes()[:4] == b"\x89PNG"
+        (folder / png).unlink()
+    again = subprocess.run([sys.executable, "-m", "awm_grpo.recovery.compare", "--testbed", str(tmp_path / "tb"),
+                            "--report-only"], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and (folder / "held_out.png").exists(), again.stderr[-2000:]
+    assert json.loads((folder / "compare.json").read_text())["table"] == result["table"]

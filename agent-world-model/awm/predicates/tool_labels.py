@@ -23,6 +23,7 @@ import asyncio
 import json
 import re
 import sys
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -173,6 +174,17 @@ def _models(tree: ast.Module) -> set[str]:
     return set(_model_tables(tree))
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+def parse(code: str) -> ast.Module:
+    """ast.parse, one thread at a time: CPython 3.11's AST-to-object conversion keeps its recursion depth
+    in shared module state, and concurrent parses (the rollout opens progress trackers in threads) failed
+    with "SystemError: AST constructor recursion depth mismatch"."""
+    with _PARSE_LOCK:
+        return ast.parse(code)
+
+
 def sql_tables(sql: str) -> set[str]:
     """Lower-cased table names after FROM / JOIN / INTO / UPDATE in SQL text."""
     return {t.lower() for t in _SQL_TABLE.findall(sql)}
@@ -180,7 +192,7 @@ def sql_tables(sql: str) -> set[str]:
 
 def handler_tables(code: str) -> dict[str, frozenset[str]]:
     """{tool: tables} each route handler (and the module helpers it calls) names: ORM models or SQL text."""
-    tree = ast.parse(code)
+    tree = parse(code)
     models = {k: v.lower() for k, v in _model_tables(tree).items() if v is not None}
     helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     out: dict[str, frozenset[str]] = {}
@@ -209,7 +221,7 @@ def handler_tables(code: str) -> dict[str, frozenset[str]]:
 
 def label_tools(code: str) -> dict[str, ToolLabel]:
     """Label every route of one environment module from its AST (see the module docstring)."""
-    tree = ast.parse(code)
+    tree = parse(code)
     models = _models(tree)
     helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
     out: dict[str, ToolLabel] = {}

@@ -38,14 +38,14 @@ def _source(name: str) -> Any:
     return src
 
 
-def _rows(src: Any, code: str, practice: bool = False) -> dict[str, list[dict]]:
+def _rows(src: Any, code: str, practice: bool = False, testbed: bool = False) -> dict[str, list[dict]]:
     """The AWM-1K records of one scenario module (or renamed world, awm.scenarios.worlds)."""
     name = src.NAME
     tasks = list(src.TASKS)
     if practice:
         from awm.scenarios.families import expand_scenario
 
-        tasks += expand_scenario(src)
+        tasks += expand_scenario(src, testbed)
     world = {"world": src.world} if getattr(src, "world", 0) else {}
     inserts = sum(len(t["insert_statements"]) for t in src.SAMPLE)
     rows: dict[str, list[dict]] = {
@@ -72,11 +72,12 @@ def _rows(src: Any, code: str, practice: bool = False) -> dict[str, list[dict]]:
 
 
 def render(practice: bool = False, names: list[str] | None = None, worlds: int = 0,
-           vary_amounts: bool = False) -> dict[str, str]:
+           vary_amounts: bool = False, testbed: bool = False) -> dict[str, str]:
     """File name -> exact text of every file in data/ (or of the practice set), of `names` or all scenarios.
 
     `worlds` (practice set only): also that many renamed worlds of each scenario with task families;
-    `vary_amounts`: their prices and balances rescaled too (awm.scenarios.worlds)."""
+    `vary_amounts`: their prices and balances rescaled too (awm.scenarios.worlds); `testbed`: also the
+    families marked testbed_only (awm_grpo.recovery.testbed)."""
     from awm.scenarios.worlds import world
 
     merged: dict[str, list[dict]] = {}
@@ -86,7 +87,7 @@ def render(practice: bool = False, names: list[str] | None = None, worlds: int =
         sources = [src] + ([world(src, k, code=code, vary_amounts=vary_amounts) for k in range(1, worlds + 1)]
                            if practice and getattr(src, "FAMILIES", None) else [])
         for one in sources:
-            for stage, rows in _rows(one, code, practice).items():
+            for stage, rows in _rows(one, code, practice, testbed).items():
                 merged.setdefault(stage, []).extend(rows)
     return {f"{stage}.jsonl": "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             for stage, rows in merged.items()}

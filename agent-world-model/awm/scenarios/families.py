@@ -76,11 +76,14 @@ def instantiate(family: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
             "family": family["family"], "slots": row}
 
 
-def expand(scenario: Any, db_path: str | Path) -> list[dict[str, Any]]:
-    """Every instance of a scenario module's FAMILIES over its initial DB at `db_path`."""
+def expand(scenario: Any, db_path: str | Path, testbed: bool = False) -> list[dict[str, Any]]:
+    """Every instance of a scenario module's FAMILIES over its initial DB at `db_path` (families marked
+    `"testbed_only": True` only with `testbed`: awm_grpo.recovery.testbed's companions)."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for family in getattr(scenario, "FAMILIES", []):
+        if family.get("testbed_only") and not testbed:
+            continue
         missing = [k for k in REQUIRED if k not in family]
         if missing:
             raise ValueError(f"{scenario.NAME}: family {family.get('family')!r} lacks {', '.join(missing)}")
@@ -109,9 +112,9 @@ def initial_db(scenario: Any, dest: str | Path) -> Path:
     return dest
 
 
-def expand_scenario(scenario: Any) -> list[dict[str, Any]]:
+def expand_scenario(scenario: Any, testbed: bool = False) -> list[dict[str, Any]]:
     """Every family instance of a scenario module (its initial DB built in a temporary folder)."""
     if not getattr(scenario, "FAMILIES", None):
         return []
     with tempfile.TemporaryDirectory(prefix="awm-families-") as tmp:
-        return expand(scenario, initial_db(scenario, Path(tmp) / f"{scenario.NAME}.db"))
+        return expand(scenario, initial_db(scenario, Path(tmp) / f"{scenario.NAME}.db"), testbed)

@@ -745,8 +745,9 @@ return (hold["book_id"] == P["book_id"] and hold["member_id"] == 1 and hold["pic
     {
         "family": "home_branch",
         "task_type": "state_mutating",
-        "slots": "SELECT id AS branch_id, name AS branch FROM branches WHERE id <> "
-                 "(SELECT home_branch_id FROM members WHERE id = 1) ORDER BY id",
+        "slots": "SELECT b.id AS branch_id, b.name AS branch, (SELECT MIN(x.id) FROM branches x WHERE x.id <> b.id "
+                 "AND x.id <> m.home_branch_id) AS wrong_branch_id FROM branches b JOIN members m ON m.id = 1 "
+                 "WHERE b.id <> m.home_branch_id ORDER BY b.id",
         "task": "Make the {branch} my home branch.",
         "verifier": _verifier,
         "check": '''
@@ -758,5 +759,6 @@ return not added and not removed and changed == [1] and after[1]["home_branch_id
         "solution": {"calls": [{"tool": "list_branches", "arguments": {}},
                                {"tool": "update_my_account", "arguments": {"home_branch_id": "{branch_id}"}}],
                      "final_answer": "Your home branch is now the {branch}."},
+        "wrong": {"calls": [{"tool": "update_my_account", "arguments": {"home_branch_id": "{wrong_branch_id}"}}]},
     },
 ]

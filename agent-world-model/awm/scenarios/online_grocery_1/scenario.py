@@ -789,7 +789,8 @@ PROBES = [
 # Their check() bodies return the verdict dict, like the hand-written tasks' above.
 _ACTIVE_PRODUCTS = ("SELECT id AS product_id, name, brand, printf('%.2f', price) AS price FROM products "
                     "WHERE is_active = 1")
-_MY_CART_LINES = ("SELECT c.id AS item_id, p.id AS product_id, p.name, c.quantity + 2 AS qty FROM cart_items c "
+_MY_CART_LINES = ("SELECT c.id AS item_id, p.id AS product_id, p.name, c.quantity + 2 AS qty, "
+                  "c.quantity + 3 AS wrong_qty FROM cart_items c "
                   "JOIN products p ON p.id = c.product_id WHERE c.user_id = 1 ORDER BY c.id")
 _INFO_CHECK = '''
 if not unchanged(*all_tables):
@@ -882,6 +883,32 @@ expected[P["product_id"]] = P["qty"]
 ''' + _CART_CHECK_TAIL,
         "solution": {"calls": [_call("get_cart"), _call("update_cart_item", item_id="{item_id}", quantity="{qty}")],
                      "final_answer": "Your cart now has {qty} x {name}."},
+        # a plausible slip the agent can see in the tool's result (the recovery testbed's damage)
+        "wrong": {"calls": [_call("update_cart_item", item_id="{item_id}", quantity="{wrong_qty}")]},
+    },
+    {
+        # two writes of the same tool in one plan: only in the recovery testbed (awm_grpo.recovery.testbed),
+        # not in the practice set, whose task split and figures stay as they were
+        "testbed_only": True,
+        "family": "set_two_cart_quantities",
+        "task_type": "state_mutating",
+        "slots": "SELECT a.id AS item_id, pa.id AS product_id, pa.name, a.quantity + 2 AS qty, b.id AS item_id2, "
+                 "pb.id AS product_id2, pb.name AS name2, b.quantity + 1 AS qty2 FROM cart_items a "
+                 "JOIN cart_items b ON b.id = (SELECT MIN(id) FROM cart_items WHERE user_id = 1 AND id > a.id) "
+                 "JOIN products pa ON pa.id = a.product_id JOIN products pb ON pb.id = b.product_id "
+                 "WHERE a.user_id = 1 ORDER BY a.id",
+        "task": "Set the '{name}' line in my cart to a quantity of {qty} and the '{name2}' line to {qty2}.",
+        "verifier": _verifier,
+        "check": '''
+expected = cart(initial_db_path)
+if P["product_id"] not in expected or P["product_id2"] not in expected:
+    return {"result": "others"}
+expected[P["product_id"]] = P["qty"]
+expected[P["product_id2"]] = P["qty2"]
+''' + _CART_CHECK_TAIL,
+        "solution": {"calls": [_call("get_cart"), _call("update_cart_item", item_id="{item_id}", quantity="{qty}"),
+                               _call("update_cart_item", item_id="{item_id2}", quantity="{qty2}")],
+                     "final_answer": "Your cart now has {qty} x {name} and {qty2} x {name2}."},
     },
     {
         "family": "remove_from_cart",

@@ -755,9 +755,41 @@ return unchanged("users", "accounts", "payees", "transfers", "budgets", "schedul
                                      "Reimbursable."},
     },
     {
+        # two writes of the same tool in one plan: only in the recovery testbed (awm_grpo.recovery.testbed),
+        # not in the practice set, whose task split and figures stay as they were
+        "testbed_only": True,
+        "family": "raise_two_budget_limits",
+        "task_type": "state_mutating",
+        "slots": "SELECT a.id AS budget_id, a.category, CAST(a.monthly_limit AS INTEGER) + 100 AS new_limit, "
+                 "b.id AS budget_id2, b.category AS category2, CAST(b.monthly_limit AS INTEGER) + 25 AS new_limit2 "
+                 "FROM budgets a JOIN budgets b ON b.id = (SELECT MIN(id) FROM budgets WHERE user_id = 1 AND id > a.id) "
+                 "WHERE a.user_id = 1 ORDER BY a.id",
+        "task": "Raise the monthly limit of my '{category}' budget to ${new_limit} and of my '{category2}' budget to "
+                "${new_limit2}, keeping their alert thresholds as they are.",
+        "verifier": _family_verifier,
+        "check": '''
+added, removed, changed = diff("budgets")
+if added or removed or set(changed) != {P["budget_id"], P["budget_id2"]}:
+    return False
+for key, limit in ((P["budget_id"], P["new_limit"]), (P["budget_id2"], P["new_limit2"])):
+    before, after = changed[key]
+    if not same_money(after["monthly_limit"], limit) or not only_changed(before, after, {"monthly_limit"}):
+        return False
+return unchanged("users", "accounts", "payees", "transfers", "transactions", "scheduled_payments")
+''',
+        "solution": {"calls": [{"tool": "list_budgets", "arguments": {}},
+                               {"tool": "update_budget", "arguments": {"budget_id": "{budget_id}",
+                                                                       "monthly_limit": "{new_limit}"}},
+                               {"tool": "update_budget", "arguments": {"budget_id": "{budget_id2}",
+                                                                       "monthly_limit": "{new_limit2}"}}],
+                     "final_answer": "Your {category} budget's monthly limit is now ${new_limit} and your {category2} "
+                                     "budget's ${new_limit2}; their alert thresholds are unchanged."},
+    },
+    {
         "family": "raise_budget_limit",
         "task_type": "state_mutating",
-        "slots": "SELECT id AS budget_id, category, CAST(monthly_limit AS INTEGER) + 50 AS new_limit FROM budgets "
+        "slots": "SELECT id AS budget_id, category, CAST(monthly_limit AS INTEGER) + 50 AS new_limit, "
+                 "CAST(monthly_limit AS INTEGER) + 60 AS wrong_limit FROM budgets "
                  "WHERE user_id = 1 ORDER BY id",
         "task": "Raise the monthly limit of my '{category}' budget to ${new_limit}, keeping its alert threshold as it is.",
         "verifier": _family_verifier,
@@ -775,5 +807,7 @@ return unchanged("users", "accounts", "payees", "transfers", "transactions", "sc
                                                                        "monthly_limit": "{new_limit}"}}],
                      "final_answer": "Your {category} budget's monthly limit is now ${new_limit}; its alert "
                                      "threshold is unchanged."},
+        "wrong": {"calls": [{"tool": "update_budget", "arguments": {"budget_id": "{budget_id}",
+                                                                    "monthly_limit": "{wrong_limit}"}}]},
     },
 ]

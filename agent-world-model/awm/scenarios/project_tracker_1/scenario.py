@@ -926,7 +926,8 @@ return {"result": "complete"}
         # open or in-progress issues with odd ids (a spread over the projects), each moved one priority step
         # (critical ones down to high)
         "slots": "SELECT s.*, CASE s.priority WHEN 'low' THEN 'medium' WHEN 'medium' THEN 'high' "
-                 "WHEN 'high' THEN 'critical' ELSE 'high' END AS new_priority FROM (" + _ISSUE_SLOTS +
+                 "WHEN 'high' THEN 'critical' ELSE 'high' END AS new_priority, CASE s.priority WHEN 'low' THEN 'high' "
+                 "WHEN 'medium' THEN 'critical' ELSE 'medium' END AS wrong_priority FROM (" + _ISSUE_SLOTS +
                  " AND i.status IN ('open', 'in_progress') AND i.id % 2 = 1) s ORDER BY s.issue_id",
         "limit": 6,
         "task": "Set the priority of the issue '{title}' in the '{project}' project to {new_priority}.",
@@ -946,6 +947,44 @@ if links(initial_db_path) != links(final_db_path):
                                {"tool": "update_issue", "arguments": {"issue_id": "{issue_id}",
                                                                       "priority": "{new_priority}"}}],
                      "final_answer": "The priority of '{title}' is now {new_priority}."},
+        "wrong": {"calls": [{"tool": "update_issue", "arguments": {"issue_id": "{issue_id}",
+                                                                   "priority": "{wrong_priority}"}}]},
+    },
+    {
+        # two writes of the same tool in one plan: only in the recovery testbed (awm_grpo.recovery.testbed),
+        # not in the practice set, whose task split and figures stay as they were
+        "testbed_only": True,
+        "family": "set_two_priorities",
+        "task_type": "state_mutating",
+        "slots": "SELECT a.issue_id, a.title, a.project, a.priority, 'high' AS new_priority, b.issue_id AS issue_id2, "
+                 "b.title AS title2, b.priority AS priority2, 'low' AS new_priority2 FROM (" + _ISSUE_SLOTS +
+                 " AND i.status IN ('open', 'in_progress') AND i.priority <> 'high') a JOIN (" + _ISSUE_SLOTS +
+                 " AND i.status IN ('open', 'in_progress') AND i.priority <> 'low') b ON b.project_id = a.project_id "
+                 "AND b.issue_id = (SELECT MIN(x.id) FROM issues x WHERE x.project_id = a.project_id AND x.id > a.issue_id "
+                 "AND x.status IN ('open', 'in_progress') AND x.priority <> 'low') ORDER BY a.issue_id",
+        "limit": 6,
+        "task": "In the '{project}' project, set the priority of '{title}' to {new_priority} and of '{title2}' to "
+                "{new_priority2}.",
+        "verifier": _verifier,
+        "check": '''
+before, after = issues(initial_db_path), issues(final_db_path)
+if set(before) != set(after):
+    return {"result": "others"}
+new = {P["issue_id"]: P["new_priority"], P["issue_id2"]: P["new_priority2"]}
+for k, row in before.items():
+    expected = row[:5] + (new[k],) + row[6:] if k in new else row
+    if after[k] != expected:
+        return {"result": "others"}
+if links(initial_db_path) != links(final_db_path):
+    return {"result": "others"}
+''' + _OTHERS_UNCHANGED,
+        "solution": {"calls": [{"tool": "search_issues", "arguments": {"query": "{title}"}},
+                               {"tool": "update_issue", "arguments": {"issue_id": "{issue_id}",
+                                                                      "priority": "{new_priority}"}},
+                               {"tool": "search_issues", "arguments": {"query": "{title2}"}},
+                               {"tool": "update_issue", "arguments": {"issue_id": "{issue_id2}",
+                                                                      "priority": "{new_priority2}"}}],
+                     "final_answer": "'{title}' is now {new_priority} and '{title2}' {new_priority2}."},
     },
     {
         "family": "reassign_issue",
