@@ -56,17 +56,24 @@ def test_every_handover_shows_the_agent_s_own_wrong_write_and_a_second_write_rep
     split = rows(built / "split" / "split.jsonl")
     manifest = json.loads((built / "split" / "manifest.json").read_text())
     assert manifest["handovers"] == len(split) == 60 and manifest["skipped_already_complete"] == 0
-    assert manifest["list_tools"] is False and manifest["reference_completion"] == {"complete": 60}
+    assert manifest["list_tools"] is False and manifest["read_back"] is True
+    assert manifest["reference_completion"] == {"complete": 60}
     sols = load_solutions(str(built / "data"))
     runtime = EnvRuntime(str(built / "data"), num_workers=1)
 
     async def check(meta: dict) -> None:
-        wrong = meta["handover"]["calls"][-1]
-        last_call, last_result = meta["start_messages"][-2:]
-        assert wrong["tool"] in last_call["content"] and last_result["role"] == "tool"
+        sol = sols[(meta["scenario"], meta["task_idx"])]
+        calls = meta["handover"]["calls"]  # the reference's reads, the wrong write, the reads again (read-back)
+        reads = sol.calls[:-1]
+        assert calls == reads + [calls[len(reads)]] + reads and calls[len(reads)] in sol.wrong_calls
+        wrong = calls[len(reads)]
+        msgs = meta["start_messages"]
+        assert [m["role"] for m in msgs] == ["assistant", "tool"] * len(calls)
+        write_call, write_result = msgs[2 * len(reads)], msgs[2 * len(reads) + 1]
+        assert wrong["tool"] in write_call["content"] and reads[0]["tool"] in msgs[-2]["content"]
         shown = next(v for k, v in wrong["arguments"].items() if not k.endswith("_id") or k == "home_branch_id")
-        assert str(shown) in last_result["content"]  # the damage is visible in the tool's result
-        assert "list_tools" not in meta["start_messages"][0]["content"]
+        assert str(shown) in write_result["content"]  # the damage is visible in the tool's result
+        assert "list_tools" not in msgs[0]["content"]
         db = built / "split" / meta["start_db"]
         ep = await runtime.open(meta["scenario"], meta["task_idx"])
         try:  # the damaged snapshot fails the task; the reference write on top of it repairs it
@@ -75,7 +82,6 @@ def test_every_handover_shows_the_agent_s_own_wrong_write_and_a_second_write_rep
             src.backup(dst)
             src.close()
             dst.close()
-            sol = sols[(meta["scenario"], meta["task_idx"])]
             assert (await ep.verify(sol.final_answer)).verdict != "complete"
             fix = sol.calls[-1]
             await ep.call(fix["tool"], fix["arguments"])
