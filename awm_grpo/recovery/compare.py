@@ -259,9 +259,10 @@ class Evaluation:
     """Every policy's held-out figures, per seed: handover metrics, per-handover outcomes, ordinary SR."""
 
     def __init__(self, opts: argparse.Namespace, split: Path, tasks: set[tuple[str, int]] | None,
-                 ordinary: Path | None) -> None:
-        self.opts, self.split, self.tasks, self.ordinary = opts, split, tasks, ordinary
+                 ordinary: Path | None, saved: Path | None = None) -> None:
+        self.opts, self.split, self.tasks, self.ordinary, self.saved = opts, split, tasks, ordinary, saved
         self.runs: dict[str, Any] = {}  # "policy/seedK" -> metrics, per-handover outcomes, eval seconds
+        self.results: dict[str, Any] = {}  # compare.json, rewritten after every evaluation
 
     def __call__(self, name: str, policy: Path, seed: int) -> None:
         o, started = self.opts, time.perf_counter()
@@ -277,6 +278,8 @@ class Evaluation:
             metrics.setdefault("all", {})["SR_ordinary"] = (ordinary.get("all") or {}).get("SR")
         self.runs[f"{name}/seed{seed}"] = {"metrics": metrics, "eval_s": round(time.perf_counter() - started, 1),
                                            "handovers": report.per_item_success(records)}
+        if self.saved is not None:  # an interrupted comparison keeps what it measured (`--report-only`)
+            self.saved.write_text(json.dumps({**self.results, "runs": self.runs, "partial": True}, default=str))
         print(f"[compare] evaluated {name} seed {seed} in {time.perf_counter() - started:.0f}s: recovery_success "
               f"{_rate(metrics, 'recovery_success')}, SR_ordinary {_rate(metrics, 'SR_ordinary')}", file=sys.stderr)
 
@@ -358,7 +361,9 @@ def write_report(out: Path, results: dict[str, Any]) -> None:
                               for kind, by_arm in curves.items()}, table, ("recovery_success", "SR_ordinary"), title)
     md = (f"Held-out handovers ({results['eval_tasks']}) of {results['split']}, {title}; eval n={b['eval_n']} at T "
           f"{b['eval_temperature']}; mean +- std over seeds; paired tests against B1 (report.py). "
-          f"Wall time {results.get('wall_s', 0) / 60:.1f} min.\n\n" + report.markdown_table(table, TABLE_METRICS, tests))
+          + (f"Interrupted: {len(results['runs'])} evaluations. " if results.get("partial") else
+             f"Wall time {results.get('wall_s', 0) / 60:.1f} min. ")
+          + "\n\n" + report.markdown_table(table, TABLE_METRICS, tests))
     (out / "compare.md").write_text(md)
     print("\n" + md)
     recovery_split.print_table(results["by_task_type"])
@@ -389,12 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     if (split / "manifest.json").exists():
         data_dir = json.loads((split / "manifest.json").read_text()).get("data_dir")
     ordinary = None if opts.no_ordinary else ordinary_prompts(opts.eval_tasks, splits_dir, out / "ordinary.jsonl")
-    ev = Evaluation(opts, split, tasks, ordinary)
-    results: dict[str, Any] = {"model": str(model), "split": str(split), "eval_tasks": opts.eval_tasks,
-                               "train_from": opts.train_from, "testbed": opts.testbed, "seeds": opts.seeds,
-                               "arms": opts.arms, "budget": {k: getattr(opts, k) for k in (
-                                   "steps", "batch", "group", "lr", "eval_n", "eval_temperature", "max_turns")},
-                               "runs": ev.runs, "commands": {}, "train_s": {}}
+    ev = Evaluation(opts, split, tasks, ordinary, None if opts.dry_run else out / "compare.json")
+    results: dict[str, Any] = ev.results
+    results.update({"model": str(model), "split": str(split), "eval_tasks": opts.eval_tasks,
+                    "train_from": opts.train_from, "testbed": opts.testbed, "seeds": opts.seeds, "arms": opts.arms,
+                    "budget": {k: getattr(opts, k) for k in ("steps", "batch", "group", "lr", "eval_n",
+                                                             "eval_temperature", "max_turns")},
+                    "runs": ev.runs, "commands": {}, "train_s": {}})
     for seed in opts.seeds:
         if not opts.no_base and not opts.dry_run:
             ev("base", model, seed)
@@ -421,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.dry_run:
         return 0
     results["wall_s"] = round(time.perf_counter() - started, 1)
+    results.pop("partial", None)
     write_report(out, results)
     return 0
 

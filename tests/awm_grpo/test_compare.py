@@ -154,3 +154,31 @@ def test_compare_on_the_testbed_trains_evaluates_tests_and_plots(tmp_path, tiny_
                             "--report-only"], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and (folder / "held_out.png").exists(), again.stderr[-2000:]
     assert json.loads((folder / "compare.json").read_text())["table"] == result["table"]
+
+
+def test_report_of_an_interrupted_comparison_keeps_what_it_measured(tmp_path):
+    """write_report (also --report-only) from compare.json's runs and the runs' training traces."""
+    def metrics(rec: float, sr: float) -> dict:
+        return {"all": {"recovery_success": {"rate": rec, "n": 1, "of": 4}, "additional_damage": {"rate": 0.0},
+                        "verification_first_rate": {"rate": None}, "SR_ordinary": {"rate": sr, "n": 2, "of": 4}}}
+
+    runs = {"base/seed0": {"metrics": metrics(0.0, 0.25), "handovers": {"a/0": [0.0], "a/1": [0.0]}},
+            "b1/seed0": {"metrics": metrics(0.25, 0.5), "handovers": {"a/0": [1.0], "a/1": [0.0]}},
+            "ours/seed0": {"metrics": metrics(0.5, 0.5), "handovers": {"a/0": [1.0], "a/1": [1.0]}}}
+    traces = tmp_path / "ours-seed0" / "traces"
+    traces.mkdir(parents=True)
+    (traces / "rollout_000000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 0, "verdict": "complete", "handover": {"kind": "wrong_write"}},
+        {"step": 0, "verdict": "others", "handover": None})))
+    results = {"runs": runs, "arms": ["b1", "ours"], "seeds": [0, 1], "partial": True, "split": "s",
+               "eval_tasks": "heldout", "testbed": None,
+               "budget": {"steps": 2, "batch": 1, "group": 2, "lr": 1e-4, "eval_n": 1, "eval_temperature": 1.0}}
+    compare.write_report(tmp_path, results)
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["table"]["ours"]["recovery_success"][:2] == [0.5, 0.0]
+    assert saved["tests"]["ours"]["recovery_handovers"] == {"diff": 0.5, "p": saved["tests"]["ours"]
+                                                            ["recovery_handovers"]["p"], "n": 2}
+    assert saved["curves"]["recovery"]["ours"] == [{"0": 1.0}, {}] and saved["curves"]["ordinary"]["ours"][0] == {"0": 0.0}
+    md = (tmp_path / "compare.md").read_text()
+    assert "Interrupted: 3 evaluations" in md and "| ours | 0.500 +- 0.000 |" in md
+    assert (tmp_path / "learning_curves.png").exists() and (tmp_path / "held_out.png").exists()
