@@ -401,29 +401,29 @@ def main(argv: list[str] | None = None) -> int:
                     "budget": {k: getattr(opts, k) for k in ("steps", "batch", "group", "lr", "eval_n",
                                                              "eval_temperature", "max_turns")},
                     "runs": ev.runs, "commands": {}, "train_s": {}})
-    for seed in opts.seeds:
-        if not opts.no_base and not opts.dry_run:
-            ev("base", model, seed)
-        for arm in opts.arms:
-            run_dir = out / f"{arm}-seed{seed}"
-            if run_dir.exists() and not opts.dry_run:
-                shutil.rmtree(run_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            config = run_dir / "awm_runtime.yaml"
-            config.write_text(yaml.safe_dump(runtime_yaml(opts, arm, split / "predicates.jsonl", run_dir / "traces",
-                                                          data_dir)))
-            cmd = train_command(opts, model, run_dir, config, seed)
-            results["commands"][f"{arm}/seed{seed}"] = " ".join(cmd)
-            if opts.dry_run:
-                print(" ".join(cmd))
-                continue
-            t0 = time.perf_counter()
-            rc = _run(cmd, run_dir / "train.log", opts.train_timeout)
-            results["train_s"][f"{arm}/seed{seed}"] = round(time.perf_counter() - t0, 1)
-            print(f"[compare] trained {arm} seed {seed}: rc={rc} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-            if rc != 0:
-                raise SystemExit(f"training {arm} seed {seed} failed (rc={rc}): see {run_dir / 'train.log'}")
-            ev(arm, final_model(run_dir, model), seed)
+    for seed in opts.seeds if not (opts.no_base or opts.dry_run) else []:
+        ev("base", model, seed)
+    # arm by arm, every seed of one before the next: an interrupted comparison still has whole arms
+    for arm, seed in ((arm, seed) for arm in opts.arms for seed in opts.seeds):
+        run_dir = out / f"{arm}-seed{seed}"
+        if run_dir.exists() and not opts.dry_run:
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config = run_dir / "awm_runtime.yaml"
+        config.write_text(yaml.safe_dump(runtime_yaml(opts, arm, split / "predicates.jsonl", run_dir / "traces",
+                                                      data_dir)))
+        cmd = train_command(opts, model, run_dir, config, seed)
+        results["commands"][f"{arm}/seed{seed}"] = " ".join(cmd)
+        if opts.dry_run:
+            print(" ".join(cmd))
+            continue
+        t0 = time.perf_counter()
+        rc = _run(cmd, run_dir / "train.log", opts.train_timeout)
+        results["train_s"][f"{arm}/seed{seed}"] = round(time.perf_counter() - t0, 1)
+        print(f"[compare] trained {arm} seed {seed}: rc={rc} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+        if rc != 0:
+            raise SystemExit(f"training {arm} seed {seed} failed (rc={rc}): see {run_dir / 'train.log'}")
+        ev(arm, final_model(run_dir, model), seed)
     if opts.dry_run:
         return 0
     results["wall_s"] = round(time.perf_counter() - started, 1)
