@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/verifier_latency.py                     # bundled scenarios, solved states
     .venv/bin/python benchmarks/verifier_latency.py --data-dir /work/shared/awm_1k_excerpt
+    .venv/bin/python benchmarks/verifier_latency.py --copy-databases --through-helper   # the paths before
 
 Bundled scenarios: every task's reference solution is replayed on an episode and its final DB is
 verified (each must say "complete"). A --data-dir has no reference solutions: each task's verifier
@@ -146,8 +147,12 @@ def main(args: argparse.Namespace) -> list[tuple[str, str]]:
             cases = asyncio.run(solved_cases(out, args.workers))
         if not cases:
             raise SystemExit("no task with a code verifier found")
-        spares = {} if args.spares is None else {"spare_children": args.spares}  # None: also runs on older trees
-        with VerifierSandbox(**spares) as box:
+        options = {} if args.spares is None else {"spare_children": args.spares}  # none given: also runs on older trees
+        if args.copy_databases:
+            options["link_databases"] = False
+        if args.through_helper:
+            options["direct"] = False
+        with VerifierSandbox(**options) as box:
             for case in cases:  # start the helper; every verifier once
                 box.verify(case.code, case.initial, case.final, case.final_answer)
             boxed, bare = latency(box, cases, args.samples)
@@ -173,6 +178,10 @@ def cli() -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
     p.add_argument("--spares", type=int, default=None,
                    help="children the sandbox keeps forked ahead of demand (default: the sandbox's own default)")
+    p.add_argument("--copy-databases", action="store_true",
+                   help="copy the databases per request even where Landlock lets a child read hard links to them")
+    p.add_argument("--through-helper", action="store_true",
+                   help="send every request through the helper (no spares handed to this process)")
     p.add_argument("--workers", type=int, default=None, help="environment workers for the replays")
     args = p.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

@@ -38,11 +38,13 @@ to a child of its own and writes one JSON reply per request on stdout. Each prot
 
 import binascii
 import builtins
+import contextlib
 import ctypes
 import dataclasses
 import fcntl
 import gc
 import inspect
+import itertools
 import json
 import linecache
 import marshal
@@ -55,10 +57,12 @@ import select
 import selectors
 import shutil
 import signal
+import socket
 import sqlite3
 import stat
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import deque
@@ -92,9 +96,14 @@ _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 1, 1 << 2, 1 << 3
 _LL_TRUNCATE = 1 << 14
 # seccomp, per machine: audit arch; syscalls always denied (fork, vfork, socket, ptrace, process_vm_readv,
 # process_vm_writev, unshare, setns); clone and clone3, allowed for threads only where threads are.
+# "metadata" (verifier children only): chmod, chown, utime and xattr calls in every form, so that a verifier
+# reading an original database through a hard link (`link_databases`) cannot change its mode, owner or times.
 _SECCOMP_SYSCALLS = {
-    "x86_64": {"arch": 0xC000003E, "deny": (57, 58, 41, 101, 310, 311, 272, 308), "clone": 56, "clone3": 435},
-    "aarch64": {"arch": 0xC00000B7, "deny": (198, 117, 270, 271, 97, 268), "clone": 220, "clone3": 435},
+    "x86_64": {"arch": 0xC000003E, "deny": (57, 58, 41, 101, 310, 311, 272, 308), "clone": 56, "clone3": 435,
+               "metadata": (90, 91, 268, 452, 92, 93, 94, 260, 132, 235, 261, 280,
+                            188, 189, 190, 197, 198, 199, 463, 466)},
+    "aarch64": {"arch": 0xC00000B7, "deny": (198, 117, 270, 271, 97, 268), "clone": 220, "clone3": 435,
+                "metadata": (52, 53, 452, 54, 55, 88, 5, 6, 7, 14, 15, 16, 463, 466)},
 }
 _CLONE_THREAD = 0x10000
 _RESULT_FD, _REQUEST_FD, _RULESET_FD = 3, 4, 5
@@ -212,8 +221,9 @@ def _seccomp_program(threads: bool) -> _SockFprog | None:
     """A seccomp filter that fails with EPERM: fork and vfork; clone unless it makes a thread (`threads`)
     or always; clone3 (ENOSYS when `threads`, so the C library falls back to clone, whose flags a filter
     can read); socket (no new sockets: no TCP, UDP or connect() to a Unix socket path); ptrace and
-    process_vm_readv/writev (no reading another process's memory); unshare and setns. Foreign syscall
-    ABIs are refused too. None off x86_64/aarch64."""
+    process_vm_readv/writev (no reading another process's memory); unshare and setns; without `threads`
+    (a verifier child) also chmod, chown, utime and xattr changes. Foreign syscall ABIs are refused too.
+    None off x86_64/aarch64."""
     table = _SECCOMP_SYSCALLS.get(os.uname().machine)
     if table is None:
         return None
@@ -229,7 +239,7 @@ def _seccomp_program(threads: bool) -> _SockFprog | None:
         body += [(jeq, table["clone3"], "nosys", None), (jeq, table["clone"], None, "allow"),
                  (load, 16, None, None), (jset, _CLONE_THREAD, "allow", "deny")]
     else:
-        body += [(jeq, n, "deny", None) for n in (table["clone"], table["clone3"])]
+        body += [(jeq, n, "deny", None) for n in (table["clone"], table["clone3"], *table["metadata"])]
     ends = {"allow": allow, "deny": eperm, "nosys": enosys}
     at = {label: len(body) + i for i, label in enumerate(ends)}
     program = []
@@ -278,6 +288,9 @@ class Lockdown:
         self.ruleset_fd = self.new_ruleset()
         seccomp_ok = libc is not None and libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) >= 0  # kernel has it
         self.seccomp = _seccomp_program(threads) if seccomp_ok else None
+        # Hard links to files a child must not change are safe only where Landlock denies writing and
+        # truncating them (ABI 3+) and seccomp denies chmod, chown, utime and xattr calls (no threads).
+        self.guards_linked_files = self.landlock_abi >= 3 and self.seccomp is not None and not threads
         # Root keeps uid 0 (its interpreter may live under /root) but gives up every capability.
         self.drop_capabilities = libc is not None and os.geteuid() == 0
         self.last_capability = _last_capability()
@@ -464,7 +477,58 @@ def _copy_database(src: str, dst: str) -> None:
         shutil.copyfile(src, dst)
 
 
-def _snapshot_databases(request: dict[str, Any], reqdir: str) -> tuple[str, str]:
+def _rollback_journal_database(path: str) -> bool:
+    """An SQLite file in rollback-journal mode with no WAL file beside it: complete in itself, so a reader
+    of a hard link to it sees every committed write (a WAL database needs its -wal and -shm files)."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return False
+    return header[:16] == b"SQLite format 3\0" and header[18:20] == b"\1\1" and not os.path.exists(path + "-wal")
+
+
+def link_databases(request: dict[str, Any], reqdir: str, *, made: bool = False) -> tuple[str, str] | None:
+    """Hard links to the request's two databases in `reqdir` (a new one unless `made`) instead of copies,
+    or None, leaving nothing behind, when one cannot be linked (a WAL database, another filesystem, a
+    missing file).
+
+    Only for a child whose lockdown `guards_linked_files`: the links are the originals' inodes, and
+    what keeps the verifier from changing them is Landlock (no write, no truncate) and seccomp (no
+    chmod, chown, utime or xattr), not a copy. The runtime's episode databases use a rollback journal
+    in memory and an episode runs no tool call while it is verified, so the files are quiescent.
+    """
+    sources = (request["initial_db"], request["final_db"])
+    if not all(_rollback_journal_database(src) for src in sources):
+        return None
+    links = (os.path.join(reqdir, "initial.db"), os.path.join(reqdir, "final.db"))
+    try:
+        if not made:
+            os.mkdir(reqdir, 0o700)
+        for src, dst in zip(sources, links, strict=True):
+            os.link(src, dst)
+    except OSError:
+        unlink_databases(reqdir, remove_dir=not made)
+        return None
+    return links
+
+
+def unlink_databases(reqdir: str, *, remove_dir: bool = True) -> None:
+    """Remove what `link_databases` made (the originals stay); quiet about what is gone already."""
+    for name in ("initial.db", "final.db"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(reqdir, name))
+    if remove_dir:
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(reqdir)
+
+
+def _snapshot_databases(request: dict[str, Any], reqdir: str, link: bool = False) -> tuple[str, str]:
+    """The two databases in `reqdir`: hard links where `link` allows and `link_databases` can, else
+    private read-only copies (the only write protection on a kernel without Landlock)."""
+    linked = link_databases(request, reqdir) if link else None
+    if linked is not None:
+        return linked
     os.mkdir(reqdir, 0o700)
     copies = []
     for label in ("initial", "final"):
@@ -525,6 +589,7 @@ def _warm_up(db_path: str) -> None:
         conn.close()
     re.sub(r"<think>.*?</think>", " ", "<think>a</think>b", flags=re.S)
     json.loads(json.dumps({"result": "complete"}))
+    _call_bound(lambda initial_db_path, final_db_path: None, "", "", None)  # inspect.signature: 0.1-0.2 ms cold
 
 
 def _read_request() -> dict[str, Any] | None:
@@ -540,9 +605,10 @@ def _read_request() -> dict[str, Any] | None:
     return json.loads(data) if data.strip() else None
 
 
-def _child_main(server: "_Server", request_fd: int, result_fd: int, spare: bool) -> None:
+def _child_main(server: "_Server", request_fd: int, result_fd: int, spare: bool, own_dir: str | None) -> None:
     """Body of a forked child: lock down, wait for a request, confine to its directory, run it, report
-    on fd 3. Never returns. All but the last Landlock step happen before the request, off its clock."""
+    on fd 3. Never returns. All but the last Landlock step happen before the request, off its clock;
+    a spare handed to the caller has a directory of its own (`own_dir`) and takes that step too."""
     os.setpgid(0, 0)  # own process group: the helper kills the group on timeout
     setup_error: BaseException | None = None
     try:
@@ -556,6 +622,9 @@ def _child_main(server: "_Server", request_fd: int, result_fd: int, spare: bool)
         server.lockdown.prepare(server.pid)
         if spare:  # a child forked for a waiting request skips it: that would be on the request's clock
             _warm_up(server.warm_db)
+        if own_dir is not None:  # a spare for the caller: its request's links will appear in its own dir
+            server.lockdown.confine(ruleset_fd, own_dir)
+            ruleset_fd = -1
     except BaseException as exc:
         setup_error = setup_error or exc
     request = _read_request()
@@ -598,6 +667,16 @@ class _Child:
     pid: int
     request_fd: int  # the helper writes one request here and closes it
     result_fd: int  # the child's answer; end of file once it exits
+    own_dir: str | None = None  # a spare for the caller: where its request's databases get linked
+
+
+@dataclasses.dataclass
+class _Handed:
+    """A spare handed to the caller (`hand_spares`): the helper keeps only a pidfd, to reap it when it ends."""
+
+    pid: int
+    pidfd: int
+    own_dir: str
 
 
 @dataclasses.dataclass
@@ -640,6 +719,55 @@ def remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def timeout_reply(timeout_s: float) -> dict[str, Any]:
+    return {"status": "timeout", "detail": f"verifier ran past its {timeout_s:g} s wall-clock limit and was killed"}
+
+
+def read_result(output: bytearray, chunk: bytes) -> tuple[bool, dict[str, Any] | None]:
+    """Take one read from a child's result pipe into `output`: (finished, reply); finished with no reply
+    means the child ended without one (its exit status tells why). The child ends its message with a
+    newline (JSON has none inside): answering there, not at the end of file, saves a second wake-up."""
+    if chunk and len(output) + len(chunk) <= _MAX_RESULT_BYTES:
+        output += chunk
+        reply = _reply_from_output(bytes(output)) if chunk.endswith(b"\n") else None
+        return reply is not None, reply
+    if chunk:
+        return True, {"status": "error", "detail": f"verifier result is larger than {_MAX_RESULT_BYTES} bytes"}
+    return True, _reply_from_output(bytes(output))
+
+
+class CompiledForms:
+    """Verifier source -> its compiled form (marshal, base64), the least recently used dropped past
+    `_COMPILED_KEPT`. A verifier runs once per episode of its task, and compiling costs 0.5-1 ms; the
+    child that first runs one hands its form back, taken before the verifier's own code runs. Whoever
+    keeps the forms (the helper, or a caller that talks to children directly) never loads them."""
+
+    def __init__(self) -> None:
+        self._forms: dict[str, str] = {}
+        self._lock = threading.Lock()  # a caller's threads share one
+
+    def request_fields(self, code: Any) -> dict[str, Any]:
+        """What a request carries: the kept form, or a wish for one."""
+        with self._lock:
+            form = self._forms.pop(code, None) if isinstance(code, str) else None
+            if form is not None:
+                self._forms[code] = form  # most recently used last
+        return {"compiled": form} if form else {"want_compiled": isinstance(code, str)}
+
+    def keep(self, code: str, form: Any) -> None:
+        if not isinstance(form, str) or not form:
+            return
+        with self._lock:
+            self._forms[code] = form
+            while len(self._forms) > _COMPILED_KEPT:
+                del self._forms[next(iter(self._forms))]
+
+
+def request_payload(request: dict[str, Any], fields: dict[str, Any], reqdir: str, initial: str, final: str) -> bytes:
+    """The JSON line a child reads on its request pipe."""
+    return (json.dumps({**request, **fields, "dir": reqdir, "initial": initial, "final": final}) + "\n").encode()
+
+
 def _reply_from_output(output: bytes) -> dict[str, Any] | None:
     """The reply a child's result message makes, or None when it left none."""
     try:
@@ -672,8 +800,9 @@ class _Server:
         self.pid = os.getpid()
         self.workdir = settings["workdir"]
         self.lockdown = Lockdown(())  # children add their own request directory (`Lockdown.confine`)
+        self.link = bool(settings.get("link_databases", True)) and self.lockdown.guards_linked_files
         self.warm_db = os.path.join(self.workdir, "probe.db")
-        self.compiled: dict[str, str] = {}  # verifier source -> its compiled form (marshal, base64)
+        self.compiled = CompiledForms()
         _make_probe_db(self.warm_db)
         for name in _PRELOADED:
             __import__(name)
@@ -684,6 +813,15 @@ class _Server:
         self.jobs: dict[int, _Job] = {}
         self.spares: deque[_Child] = deque()
         self.dying: list[int] = []  # killed children not reaped yet
+        # Spares handed to the caller, which writes a request to one and reads its result itself: two
+        # wake-ups (child, caller) instead of five. Only with linked databases: the caller makes no copies.
+        handover = settings.get("handover_fd")
+        self.handover = socket.socket(fileno=handover) if isinstance(handover, int) else None
+        self.hand = self.handover is not None and self.link and hasattr(os, "pidfd_open")
+        self.spare_ids = itertools.count()
+        self.handed: dict[int, _Handed] = {}  # pid -> handed spare, until it ends and is reaped
+        self.exited: dict[int, int] = {}  # pid -> wait status of ended handed spares (the newest few)
+        self.awaiting: dict[int, int] = {}  # pid -> id of a status request that waits for it to end
 
     def self_test(self) -> str:
         """Run the probe verifier under the full lockdown; return "" or what went wrong."""
@@ -707,7 +845,11 @@ class _Server:
                 break
             job.output += chunk
         del self.jobs[fd]
-        reply = _reply_from_output(bytes(job.output)) or _reply_from_status(self._reap(job.child))
+        reply = _reply_from_output(bytes(job.output))
+        if reply is None:
+            reply = _reply_from_status(self._reap(job.child))
+        else:
+            self._retire(job.child)  # reaped by the loop: it was left a zombie for the helper's life
         remove_tree(job.reqdir)
         return "" if reply.get("value") == {"result": "complete"} else reply.get("detail") or "no answer"
 
@@ -733,12 +875,18 @@ class _Server:
             if self.dying:
                 wake.append(time.monotonic() + _REAP_INTERVAL_S)
             timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
-            if not self.queue and not self.jobs and len(self.spares) < self.settings["spare_children"]:
+            waiting = len(self.handed) if self.hand else len(self.spares)
+            if not self.queue and not self.jobs and waiting < self.settings["spare_children"]:
                 # Only while no verifier runs: under load a spare's setup would compete with them for
                 # CPU (and a busy helper forks per request anyway). One fork per turn, so a request
                 # that arrives meanwhile waits for one fork at most.
                 try:
-                    self.spares.append(self._fork(spare=True))
+                    own_dir = os.path.join(self.workdir, f"spare-{next(self.spare_ids)}") if self.hand else None
+                    child = self._fork(spare=True, own_dir=own_dir)
+                    if self.hand:
+                        self._hand_over(child)
+                    else:
+                        self.spares.append(child)
                     timeout = 0.0
                 except OSError:
                     pass  # out of processes or memory: a request forks its own child when it comes
@@ -749,13 +897,14 @@ class _Server:
                         return
                 elif isinstance(key.data, _Job):
                     self._read_child(key.data)
+                elif isinstance(key.data, _Handed):
+                    self._reap_handed(key.data)
                 else:
                     self._drop_spare(key.data)
             self._collect_dying()
             now = time.monotonic()
             for job in [job for job in self.jobs.values() if job.deadline <= now]:
-                detail = f"verifier ran past its {job.timeout_s:g} s wall-clock limit and was killed"
-                self._finish(job, {"status": "timeout", "detail": detail})
+                self._finish(job, timeout_reply(job.timeout_s))
 
     def _read_requests(self) -> bool:
         chunk = os.read(0, 1 << 20)
@@ -765,11 +914,66 @@ class _Server:
         *lines, rest = bytes(self.inbox).split(b"\n")
         self.inbox = bytearray(rest)
         now = time.monotonic()
-        self.queue.extend({**json.loads(line), "queued_at": now} for line in lines if line.strip())
+        for request in (json.loads(line) for line in lines if line.strip()):
+            if request.get("mode") == "status":
+                self._answer_status(request["id"], request["pid"])
+            else:
+                self.queue.append({**request, "queued_at": now})
         return True
 
-    def _fork(self, spare: bool) -> _Child:
-        """A new child that locks itself down and waits on its request pipe (raises OSError if fork fails)."""
+    def _hand_over(self, child: _Child) -> None:
+        """Pass a new spare's request and result pipes and a pidfd to the caller (SCM_RIGHTS); keep a pidfd."""
+        self.selector.unregister(child.result_fd)
+        try:
+            pidfd = os.pidfd_open(child.pid)
+            try:
+                socket.send_fds(self.handover, [json.dumps({"pid": child.pid, "dir": child.own_dir}).encode()],
+                                [child.request_fd, child.result_fd, pidfd])
+            except OSError:
+                os.close(pidfd)
+                raise
+        except OSError:  # the caller stopped taking spares: serve every request here from now on
+            self.hand = False
+            os.close(child.request_fd)
+            self._reap(child)
+            remove_tree(child.own_dir)
+            return
+        os.close(child.request_fd)  # the caller's copies are the only ones now
+        os.close(child.result_fd)
+        handed = _Handed(child.pid, pidfd, child.own_dir)
+        self.handed[child.pid] = handed
+        self.selector.register(pidfd, selectors.EVENT_READ, handed)
+
+    def _reap_handed(self, handed: _Handed) -> None:
+        """A handed spare ended (served its request, killed, or died waiting): reap it, keep its status."""
+        self.selector.unregister(handed.pidfd)
+        os.close(handed.pidfd)
+        del self.handed[handed.pid]
+        kill_group(handed.pid)  # anything left in its process group
+        _, status = os.waitpid(handed.pid, 0)
+        remove_tree(handed.own_dir)
+        request_id = self.awaiting.pop(handed.pid, None)
+        if request_id is not None:
+            self._answer(request_id, _reply_from_status(status))
+            return
+        self.exited[handed.pid] = status
+        while len(self.exited) > 4 * max(1, self.settings["spare_children"]):
+            del self.exited[next(iter(self.exited))]
+
+    def _answer_status(self, request_id: int, pid: int) -> None:
+        """Why a handed spare ended without a result (the caller saw its pipe close): now, or once reaped."""
+        if pid in self.exited:
+            self._answer(request_id, _reply_from_status(self.exited.pop(pid)))
+        elif pid in self.handed:
+            self.awaiting[pid] = request_id
+        else:
+            self._answer(request_id, {"status": "error", "detail": f"verifier process {pid} is unknown to the helper"})
+
+    def _fork(self, spare: bool, own_dir: str | None = None) -> _Child:
+        """A new child that locks itself down and waits on its request pipe (raises OSError if fork fails);
+        with `own_dir`, a directory made for it that its Landlock rules let it read."""
+        if own_dir is not None:
+            os.mkdir(own_dir, 0o700)
         request_read, request_write = os.pipe()
         result_read, result_write = os.pipe()
         try:
@@ -777,15 +981,17 @@ class _Server:
         except OSError:
             for fd in (request_read, request_write, result_read, result_write):
                 os.close(fd)
+            if own_dir is not None:
+                os.rmdir(own_dir)
             raise
         if pid == 0:
             try:
-                _child_main(self, request_read, result_write, spare)
+                _child_main(self, request_read, result_write, spare, own_dir)
             finally:
                 os._exit(70)
         os.close(request_read)
         os.close(result_write)
-        child = _Child(pid, request_write, result_read)
+        child = _Child(pid, request_write, result_read, own_dir)
         self.selector.register(result_read, selectors.EVENT_READ, child)  # a spare that dies is noticed
         return child
 
@@ -821,17 +1027,13 @@ class _Server:
         """Snapshot the request's databases and hand it to a waiting child (a new one if none waits)."""
         reqdir = os.path.join(self.workdir, f"req-{request['id']}")
         try:
-            initial, final = _snapshot_databases(request, reqdir)
+            initial, final = _snapshot_databases(request, reqdir, self.link)
         except Exception as exc:
             remove_tree(reqdir)
             self._answer(request["id"], {"status": "error", "detail": f"could not snapshot the databases: {exc}"})
             return None
-        code = request.get("code")
-        compiled = self.compiled.pop(code, None) if isinstance(code, str) else None
-        if compiled is not None:
-            self.compiled[code] = compiled  # most recently used last
-        cache = {"compiled": compiled} if compiled else {"want_compiled": isinstance(code, str)}
-        payload = (json.dumps({**request, **cache, "dir": reqdir, "initial": initial, "final": final}) + "\n").encode()
+        fields = self.compiled.request_fields(request.get("code"))
+        payload = request_payload(request, fields, reqdir, initial, final)
         for _ in range(3):  # a spare may have died since the loop last looked
             try:
                 child = self.spares.popleft() if self.spares else self._fork(spare=False)
@@ -853,27 +1055,15 @@ class _Server:
             return None
         now = time.monotonic()
         job = _Job(request["id"], child, now + request["timeout_s"], request["timeout_s"], reqdir,
-                   code if compiled is None and isinstance(code, str) else None)
+                   request["code"] if fields.get("want_compiled") else None)
         self.jobs[child.result_fd] = job
         self.selector.modify(child.result_fd, selectors.EVENT_READ, job)
         return job
 
     def _read_child(self, job: _Job) -> None:
-        chunk = os.read(job.child.result_fd, 1 << 16)
-        if chunk and len(job.output) + len(chunk) <= _MAX_RESULT_BYTES:
-            job.output += chunk
-            # The child ends its message with a newline (JSON has none inside): answer now, not
-            # at the end of file, which would cost the helper a second wake-up.
-            reply = _reply_from_output(bytes(job.output)) if chunk.endswith(b"\n") else None
-            if reply is not None:
-                self._finish(job, reply)
-        elif chunk:
-            self._finish(
-                job,
-                {"status": "error", "detail": f"verifier result is larger than {_MAX_RESULT_BYTES} bytes"},
-            )
-        else:
-            self._finish(job, _reply_from_output(bytes(job.output)))
+        finished, reply = read_result(job.output, os.read(job.child.result_fd, 1 << 16))
+        if finished:
+            self._finish(job, reply)
 
     def _finish(self, job: _Job, reply: dict[str, Any] | None) -> None:
         """Answer (first, when the reply is known: the caller waits on it), then reap the child and clean up."""
@@ -882,10 +1072,8 @@ class _Server:
         if reply is not None:
             compiled = reply.pop("compiled", None)
             self._answer(job.request_id, reply)
-            if compiled and job.code is not None:
-                self.compiled[job.code] = compiled
-                while len(self.compiled) > _COMPILED_KEPT:
-                    del self.compiled[next(iter(self.compiled))]
+            if job.code is not None:
+                self.compiled.keep(job.code, compiled)
             self._retire(job.child)
         else:
             self._answer(job.request_id, _reply_from_status(self._reap(job.child)))
@@ -897,6 +1085,8 @@ class _Server:
         for child in self.spares:
             os.close(child.request_fd)
             self._reap(child)
+        for handed in list(self.handed.values()):
+            self._reap_handed(handed)
         for pid in self.dying:
             os.waitpid(pid, 0)
         remove_tree(self.workdir)
@@ -922,7 +1112,9 @@ def _helper_main(config: str) -> None:
     server = _Server(settings)
     gc.freeze()  # keep the warm heap shared with children instead of copied by the collector
     failure = server.self_test()
-    _write_line(1, {"pid": server.pid, "protections": server.lockdown.describe(), "self_test": failure})
+    hello = {"pid": server.pid, "protections": server.lockdown.describe(), "self_test": failure,
+             "linked_databases": server.link, "hands_spares": server.hand}
+    _write_line(1, hello)
     if not failure:
         server.serve()
 

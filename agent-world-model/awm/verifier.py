@@ -19,6 +19,7 @@ import json
 import os
 import re
 import select
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,16 @@ import time
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from awm.sandbox import HELPER_SCRIPT, describe_exit, kill_group, remove_tree
+from awm.sandbox import (
+    HELPER_SCRIPT,
+    CompiledForms,
+    describe_exit,
+    kill_group,
+    link_databases,
+    remove_tree,
+    request_payload,
+)
+from awm.spares import Spare, SparePool
 
 CODE_VERDICTS = ("complete", "others", "judge_error", "timeout")
 SQL_VERDICTS = ("complete", "incomplete", "agent_error", "server_error", "judge_error", "timeout")
@@ -153,6 +163,26 @@ def _resolve(future: Future, reply: dict) -> None:
         pass
 
 
+@dataclasses.dataclass
+class _Direct:
+    """A request written straight to a spare the helper handed over (`awm.spares`)."""
+
+    helper: "_Helper"
+    spare: Spare
+    request: dict[str, Any]
+    wants_form: bool  # the child hands back the verifier's compiled form for the caller to keep
+
+    def finish(self, reply: dict[str, Any] | None) -> dict[str, Any] | Future:
+        """The reply, or (the child ended without one) the helper's answer on how it ended. The helper
+        removes the spare's directory and the links in it when it reaps the child."""
+        if reply is None:
+            return self.helper.status(self.request["id"], self.spare.pid)
+        form = reply.pop("compiled", None)
+        if self.wants_form:
+            self.helper.compiled.keep(self.request["code"], form)
+        return reply
+
+
 class _Helper:
     """One helper process, its private directory and the requests it has in flight."""
 
@@ -160,7 +190,9 @@ class _Helper:
         self.workdir = tempfile.mkdtemp(prefix="awm-verifier-")
         env = {key: os.environ[key] for key in _ENV_ALLOWLIST if key in os.environ}
         env.update(_ENV_FIXED, HOME=self.workdir)
-        config = json.dumps({**settings, "workdir": self.workdir})
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if settings["hand_spares"] else (None, None)
+        handover = {"handover_fd": theirs.fileno()} if theirs is not None else {}
+        config = json.dumps({**settings, **handover, "workdir": self.workdir})
         self.proc = subprocess.Popen(
             [sys.executable, "-I", HELPER_SCRIPT, config],
             stdin=subprocess.PIPE,
@@ -168,24 +200,38 @@ class _Helper:
             cwd=self.workdir,
             env=env,
             start_new_session=True,  # own process group: close() kills it as a whole
+            pass_fds=(theirs.fileno(),) if theirs is not None else (),
         )
+        if theirs is not None:
+            theirs.close()
         self.pending: dict[int, Future] = {}
         self.lock = threading.Lock()  # guards pending and alive; never held while blocking on a pipe
         self.write_lock = threading.Lock()
         self.alive = True
         self.stopping = False
-        self.protections = self._read_hello(start_timeout_s)
+        self.pool: SparePool | None = None
+        self.compiled = CompiledForms()  # for requests written to spares directly
+        try:
+            self.protections, hands_spares = self._read_hello(start_timeout_s)
+        except SandboxError:
+            if ours is not None:
+                ours.close()
+            raise
+        if ours is not None and hands_spares:
+            self.pool = SparePool(ours)
+        elif ours is not None:
+            ours.close()
         self.reader = threading.Thread(
             target=self._read_replies, name=f"awm-verifier-{self.proc.pid}", daemon=True
         )
         self.reader.start()
 
-    def _read_hello(self, timeout_s: float) -> dict[str, Any]:
+    def _read_hello(self, timeout_s: float) -> tuple[dict[str, Any], bool]:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
         line = self.proc.stdout.readline() if ready else b""
         try:
             hello = json.loads(line)
-            protections, failure = hello["protections"], hello["self_test"]
+            protections, failure, hands_spares = hello["protections"], hello["self_test"], hello["hands_spares"]
         except (ValueError, KeyError, TypeError):
             self._kill()
             raise SandboxError(
@@ -198,7 +244,37 @@ class _Helper:
                 f"verifier sandbox failed its self-test (a probe verifier under the same limits and "
                 f"lockdown): {failure}; raise memory_bytes if it ran out of memory, else report this error"
             )
-        return protections
+        return protections, bool(hands_spares)
+
+    def start_direct(self, request: dict[str, Any]) -> _Direct | None:
+        """Link the request's databases into a handed-over spare's directory and write the request to it;
+        None: send it to the helper (no spare waiting, or a database that must be copied)."""
+        if self.pool is None:
+            return None
+        fields = self.compiled.request_fields(request["code"])
+        while (spare := self.pool.take()) is not None:
+            links = link_databases(request, spare.dir, made=True)
+            if links is None:  # a database to copy (or the spare is gone): the helper's path
+                spare.retire()
+                return None
+            if spare.send(request_payload(request, fields, spare.dir, *links)):
+                return _Direct(self, spare, request, bool(fields.get("want_compiled")))
+        return None
+
+    def status(self, request_id: int, pid: int) -> Future:
+        """Ask the helper how a handed-over child ended (it reaps them): a timeout by CPU limit, a crash."""
+        try:
+            return self.send({"id": request_id, "mode": "status", "pid": pid})
+        except _HelperGone:
+            future: Future = Future()
+            future.set_result({"status": "error", "detail": self._gone_detail(self.proc.poll())})
+            return future
+
+    def _gone_detail(self, code: int | None) -> str:
+        if self.stopping:
+            return "the verifier sandbox was closed while this verifier ran"
+        how = f" ({describe_exit(code)})" if code is not None else ""
+        return f"the verifier sandbox helper died{how} while this verifier ran; it restarts on the next call"
 
     def send(self, request: dict[str, Any]) -> Future:
         future: Future = Future()
@@ -233,15 +309,11 @@ class _Helper:
         with self.lock:
             self.alive = False
             orphans, self.pending = self.pending, {}
-        if self.stopping:
-            detail = "the verifier sandbox was closed while this verifier ran"
-        else:
-            detail = (
-                f"the verifier sandbox helper died ({describe_exit(code)}) while this verifier ran; "
-                "it restarts on the next call"
-            )
+        detail = self._gone_detail(code)
         for future in orphans.values():
             _resolve(future, {"status": "error", "detail": detail})
+        if self.pool is not None:
+            self.pool.close()  # its spares died with the helper
         remove_tree(self.workdir)
 
     def _kill(self) -> None:
@@ -262,6 +334,8 @@ class _Helper:
         except subprocess.TimeoutExpired:
             self._kill()
         self.reader.join(timeout=grace_s)
+        if self.pool is not None:
+            self.pool.close()
         if not self.reader.is_alive():
             self.proc.stdout.close()  # the reply pipe: nobody reads it any more
 
@@ -270,6 +344,10 @@ class VerifierSandbox:
     """Runs verifier code in forked children of one long-lived, isolated helper process.
 
     `spare_children` children wait forked and locked down for the next requests (0: fork per request).
+    Where the kernel's Landlock (ABI 3+) and seccomp can keep a child from changing the databases, it
+    reads hard links to them instead of copies (`link_databases=False` copies anyway, as kernels
+    without Landlock always do), and the helper hands its spares to this process, which writes
+    requests to them and reads their results itself (`direct=False`: every request through the helper).
     Thread-safe; `averify` lets many verifications run at once (the helper runs up to
     `max_workers` children in parallel and queues the rest; a request's timeout starts when its
     child starts, and a request queued past a short grace gets an overflow child, so verifiers that
@@ -285,6 +363,8 @@ class VerifierSandbox:
         max_open_files: int = 64,
         spare_children: int = 2,
         start_timeout_s: float = 30.0,
+        link_databases: bool = True,
+        direct: bool = True,
     ) -> None:
         if not hasattr(os, "fork"):
             raise SandboxError(
@@ -295,6 +375,8 @@ class VerifierSandbox:
             "max_workers": int(max_workers or max(4, 2 * (os.cpu_count() or 2))),
             "max_open_files": int(max_open_files),
             "spare_children": max(0, int(spare_children)),
+            "link_databases": bool(link_databases),
+            "hand_spares": bool(direct and link_databases and spare_children > 0),
         }
         self._start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
@@ -378,7 +460,13 @@ class VerifierSandbox:
         request = self._request(code, initial_db, final_db, mode, final_answer, timeout_s)
         if isinstance(request, SandboxRun):
             return request
-        reply = self._submit(request).result()
+        direct = self._current_helper().start_direct(request)
+        if direct is None:
+            reply = self._submit(request).result()
+        else:
+            reply = direct.finish(direct.spare.wait(request["timeout_s"]))
+            if isinstance(reply, Future):
+                reply = reply.result()
         return _run_from_reply(reply, time.monotonic() - started)
 
     async def arun(
@@ -398,7 +486,13 @@ class VerifierSandbox:
             return request
         if self.helper_pid is None:  # starting the helper takes tens of ms: not on the loop
             await asyncio.to_thread(self._current_helper)
-        reply = await asyncio.wrap_future(self._submit(request))
+        direct = self._current_helper().start_direct(request)
+        if direct is None:
+            reply = await asyncio.wrap_future(self._submit(request))
+        else:
+            reply = direct.finish(await direct.spare.await_reply(request["timeout_s"]))
+            if isinstance(reply, Future):
+                reply = await asyncio.wrap_future(reply)
         return _run_from_reply(reply, time.monotonic() - started)
 
     def verify(
