@@ -3,8 +3,8 @@
 Upstream AWM `exec`s verifier code in the caller with full builtins, no timeout and the real DB
 files (chmod 0444 is its only guard), so one bad verifier hangs or poisons a trainer. Here a warm
 helper process (`python -I`, allow-listed environment) runs each request in a child of its own,
-forked and locked down ahead of demand; the child works on private read-only copies of the two
-databases under resource limits and, where the kernel offers them, Landlock (read-only allow-list:
+forked and locked down ahead of demand; the child works on the two databases (hard links where
+Landlock and seccomp keep it from changing them, else private read-only copies) under resource limits and, where the kernel offers them, Landlock (read-only allow-list:
 its own request's copies, no exec, no TCP, no signals out), a seccomp filter (no fork), dropped
 capabilities (root) and a network namespace. The helper kills a child at its wall-clock deadline.
 
