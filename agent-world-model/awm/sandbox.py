@@ -221,10 +221,21 @@ def _rollback_journal_database(path: str) -> bool:
     return header[:16] == b"SQLite format 3\0" and header[18:20] == b"\1\1" and not os.path.exists(path + "-wal")
 
 
+def databases_linkable(request: dict[str, Any], workdir: str) -> bool:
+    """Whether `link_databases` can serve the request's two databases into a directory under `workdir`:
+    both in rollback-journal mode with no WAL file, on `workdir`'s filesystem (a link cannot cross)."""
+    try:
+        device = os.stat(workdir).st_dev
+        sources = (request["initial_db"], request["final_db"])
+        return all(os.stat(src).st_dev == device and _rollback_journal_database(src) for src in sources)
+    except OSError:
+        return False
+
+
 def link_databases(request: dict[str, Any], reqdir: str, *, made: bool = False) -> tuple[str, str] | None:
     """Hard links to the request's two databases in `reqdir` (a new one unless `made`) instead of copies,
-    or None, leaving nothing behind, when one cannot be linked (a WAL database, another filesystem, a
-    missing file).
+    or None, leaving nothing behind, when linking fails (a file gone, a directory gone). Check
+    `databases_linkable` first.
 
     Only for a child whose lockdown `guards_linked_files`: the links are the originals' inodes, and
     what keeps the verifier from changing them is Landlock (no write, no truncate) and seccomp (no
@@ -232,8 +243,6 @@ def link_databases(request: dict[str, Any], reqdir: str, *, made: bool = False) 
     in memory and an episode runs no tool call while it is verified, so the files are quiescent.
     """
     sources = (request["initial_db"], request["final_db"])
-    if not all(_rollback_journal_database(src) for src in sources):
-        return None
     links = (os.path.join(reqdir, "initial.db"), os.path.join(reqdir, "final.db"))
     try:
         if not made:
@@ -259,7 +268,7 @@ def unlink_databases(reqdir: str, *, remove_dir: bool = True) -> None:
 def _snapshot_databases(request: dict[str, Any], reqdir: str, link: bool = False) -> tuple[str, str]:
     """The two databases in `reqdir`: hard links where `link` allows and `link_databases` can, else
     private read-only copies (the only write protection on a kernel without Landlock)."""
-    linked = link_databases(request, reqdir) if link else None
+    linked = link_databases(request, reqdir) if link and databases_linkable(request, os.path.dirname(reqdir)) else None
     if linked is not None:
         return linked
     os.mkdir(reqdir, 0o700)

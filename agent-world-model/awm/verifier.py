@@ -31,6 +31,7 @@ from typing import Any
 from awm.sandbox import (
     HELPER_SCRIPT,
     CompiledForms,
+    databases_linkable,
     describe_exit,
     kill_group,
     link_databases,
@@ -249,12 +250,12 @@ class _Helper:
     def start_direct(self, request: dict[str, Any]) -> _Direct | None:
         """Link the request's databases into a handed-over spare's directory and write the request to it;
         None: send it to the helper (no spare waiting, or a database that must be copied)."""
-        if self.pool is None:
-            return None
+        if self.pool is None or not databases_linkable(request, self.workdir):
+            return None  # a database to copy: the helper's path
         fields = self.compiled.request_fields(request["code"])
         while (spare := self.pool.take()) is not None:
             links = link_databases(request, spare.dir, made=True)
-            if links is None:  # a database to copy (or the spare is gone): the helper's path
+            if links is None:  # the spare is gone (its directory with it), or a database is
                 spare.retire()
                 return None
             if spare.send(request_payload(request, fields, spare.dir, *links)):
