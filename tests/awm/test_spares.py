@@ -117,3 +117,24 @@ def test_a_cancelled_verification_kills_its_child(db):
         assert _until(lambda: len(spares & _children(helper)) == 1, timeout_s=3.0), "the sleeping child lives on"
     finally:
         box.close()
+
+
+def test_a_database_on_another_filesystem_is_copied_without_spending_a_spare(tmp_path):
+    """A hard link cannot cross filesystems: such a request goes to the helper (which copies) and
+    leaves the caller's spares waiting, instead of taking one only to give it up."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on a filesystem of its own")
+    local = tmp_path / "local.db"
+    sqlite3.connect(local).close()
+    box = _box_with_spares(str(local))
+    elsewhere = shm / f"awm-test-{os.getpid()}.db"
+    try:
+        sqlite3.connect(elsewhere).execute("CREATE TABLE item (id INTEGER PRIMARY KEY)").connection.commit()
+        waiting = _waiting(box)
+        assert os.stat(box._helper.workdir).st_dev != elsewhere.stat().st_dev
+        verdicts = [box.verify(_COMPLETE, str(elsewhere), str(elsewhere)).verdict for _ in range(3)]
+        assert verdicts == ["complete"] * 3 and _waiting(box) == waiting
+    finally:
+        box.close()
+        elsewhere.unlink(missing_ok=True)
