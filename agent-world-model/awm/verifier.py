@@ -4,9 +4,11 @@ Upstream AWM `exec`s verifier code in the caller with full builtins, no timeout 
 files (chmod 0444 is its only guard), so one bad verifier hangs or poisons a trainer. Here a warm
 helper process (`python -I`, allow-listed environment) runs each request in a child of its own,
 forked and locked down ahead of demand; the child works on the two databases (hard links where
-Landlock and seccomp keep it from changing them, else private read-only copies) under resource limits and, where the kernel offers them, Landlock (read-only allow-list:
-its own request's copies, no exec, no TCP, no signals out), a seccomp filter (no fork), dropped
-capabilities (root) and a network namespace. The helper kills a child at its wall-clock deadline.
+Landlock and seccomp keep it from changing them, else private read-only copies) under resource
+limits and, where the kernel offers them, Landlock (read-only allow-list: its own request's
+databases, no exec, no TCP, no signals out), a seccomp filter (no fork, no chmod), dropped
+capabilities (root) and a network namespace. A child's wall-clock deadline is enforced by the helper,
+or by this process where it wrote the request to the child itself (`awm.spares`).
 
 The helper's side (the lockdown, the limits, the forking loop) lives in `awm.sandbox`; this module
 starts it, talks to it over pipes and turns its replies into verdicts.
@@ -191,7 +193,9 @@ class _Helper:
         self.workdir = tempfile.mkdtemp(prefix="awm-verifier-")
         env = {key: os.environ[key] for key in _ENV_ALLOWLIST if key in os.environ}
         env.update(_ENV_FIXED, HOME=self.workdir)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if settings["hand_spares"] else (None, None)
+        # The helper hands its spares over on this socket (`awm.spares`), where it can.
+        pair = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if settings["hand_spares"] else None
+        ours, theirs = pair if pair is not None else (None, None)
         handover = {"handover_fd": theirs.fileno()} if theirs is not None else {}
         config = json.dumps({**settings, **handover, "workdir": self.workdir})
         self.proc = subprocess.Popen(
@@ -255,7 +259,7 @@ class _Helper:
         fields = self.compiled.request_fields(request["code"])
         while (spare := self.pool.take()) is not None:
             links = link_databases(request, spare.dir, made=True)
-            if links is None:  # the spare is gone (its directory with it), or a database is
+            if links is None:  # the spare died (the helper removed its directory), or a database vanished
                 spare.retire()
                 return None
             if spare.send(request_payload(request, fields, spare.dir, *links)):
