@@ -16,12 +16,13 @@ to a child of its own and writes one JSON reply per request on stdout. Each prot
   request's directory; the request adds that one directory to the spare's own ruleset and restricts.
   So a verifier pays for neither the fork nor the lockdown, and still reads only its own request's
   snapshots. A child serves one request and exits: nothing a verifier leaves behind reaches another.
-- The two databases in a directory per request: hard links to the originals where Landlock (ABI 3+)
-  and seccomp keep the child from writing, truncating or re-moding them (`link_databases`), else
-  private read-only copies (a WAL file's recent writes folded in by an SQLite backup), the only write
-  protection on a kernel without Landlock.
-- Where the databases are linked, spares are handed to the caller (`awm.spares`): it writes a request
-  to a spare and reads the result itself, and the helper only forks, reaps and explains deaths.
+- The two databases in a directory per request, each on its own (`place_databases`): a hard link to
+  the original where Landlock (ABI 3+) and seccomp keep the child from writing, truncating or
+  re-moding it and it sits on the directory's filesystem, else a private read-only copy (a WAL file's
+  recent writes folded in by an SQLite backup), the only write protection on a kernel without Landlock.
+- Where Landlock and seccomp guard links, spares are handed to the caller (`awm.spares`): it places
+  the databases in a spare's own directory, writes the request to it and reads the result itself;
+  the helper only forks, reaps and explains deaths.
 - Resource limits: memory (RLIMIT_AS), CPU time as a backstop to the wall clock, open files, no file
   growth, no core dumps and no new processes for a non-root uid.
 - A wall-clock deadline per child, enforced by the helper killing the child's process group.
@@ -41,7 +42,6 @@ to a child of its own and writes one JSON reply per request on stdout. Each prot
 
 import binascii
 import builtins
-import contextlib
 import dataclasses
 import fcntl
 import gc
@@ -68,7 +68,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 # The script the caller runs as `python -I HELPER_SCRIPT CONFIG`.
 HELPER_SCRIPT = os.path.abspath(__file__)
@@ -221,68 +221,54 @@ def _rollback_journal_database(path: str) -> bool:
     return header[:16] == b"SQLite format 3\0" and header[18:20] == b"\1\1" and not os.path.exists(path + "-wal")
 
 
-def databases_linkable(request: dict[str, Any], workdir: str) -> bool:
-    """Whether `link_databases` can serve the request's two databases into a directory under `workdir`:
-    both in rollback-journal mode with no WAL file, on `workdir`'s filesystem (a link cannot cross)."""
+def _linkable(src: str, device: int) -> bool:
+    """Whether a hard link to `src` can stand in for a copy in a directory on `device`: a link cannot
+    cross filesystems, and only a rollback-journal database is complete in its one file."""
     try:
-        device = os.stat(workdir).st_dev
-        sources = (request["initial_db"], request["final_db"])
-        return all(os.stat(src).st_dev == device and _rollback_journal_database(src) for src in sources)
+        return os.stat(src).st_dev == device and _rollback_journal_database(src)
     except OSError:
         return False
 
 
-def link_databases(request: dict[str, Any], reqdir: str, *, made: bool = False) -> tuple[str, str] | None:
-    """Hard links to the request's two databases in `reqdir` (a new one unless `made`) instead of copies,
-    or None, leaving nothing behind, when linking fails (a file gone, a directory gone). Check
-    `databases_linkable` first.
+class Placed(NamedTuple):
+    """The request's databases as a child sees them, and how many of the two are hard links."""
 
-    Only for a child whose lockdown `guards_linked_files`: the links are the originals' inodes, and
-    what keeps the verifier from changing them is Landlock (no write, no truncate) and seccomp (no
-    chmod, chown, utime or xattr), not a copy. The runtime's episode databases use a rollback journal
-    in memory and an episode runs no tool call while it is verified, so the files are quiescent.
+    initial: str
+    final: str
+    linked: int
+
+
+def place_databases(request: dict[str, Any], reqdir: str, *, link: bool) -> Placed:
+    """Put the request's two databases in the existing `reqdir` as initial.db and final.db, each on its
+    own: a hard link to the original where `link` allows it and `_linkable` holds, else a private
+    read-only copy (a WAL file's recent writes folded in). Raises OSError (FileNotFoundError naming the
+    database when one is missing); what it made stays in `reqdir`, whose owner removes it.
+
+    `link` only for a child whose lockdown `guards_linked_files`: a link is the original's inode, and
+    what keeps the verifier from changing it is Landlock (no write, no truncate) and seccomp (no
+    chmod, chown, utime or xattr), not a copy; on a kernel without Landlock the copies are the only
+    write protection. The originals are quiescent while verified: an episode's database uses a
+    rollback journal in memory and runs no tool call during `Episode.verify`, and a template is
+    written (atomically, then its env-code schema folded in) before any episode of it opens.
     """
-    sources = (request["initial_db"], request["final_db"])
-    links = (os.path.join(reqdir, "initial.db"), os.path.join(reqdir, "final.db"))
-    try:
-        if not made:
-            os.mkdir(reqdir, 0o700)
-        for src, dst in zip(sources, links, strict=True):
-            os.link(src, dst)
-    except OSError:
-        unlink_databases(reqdir, remove_dir=not made)
-        return None
-    return links
-
-
-def unlink_databases(reqdir: str, *, remove_dir: bool = True) -> None:
-    """Remove what `link_databases` made (the originals stay); quiet about what is gone already."""
-    for name in ("initial.db", "final.db"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(reqdir, name))
-    if remove_dir:
-        with contextlib.suppress(FileNotFoundError):
-            os.rmdir(reqdir)
-
-
-def _snapshot_databases(request: dict[str, Any], reqdir: str, link: bool = False) -> tuple[str, str]:
-    """The two databases in `reqdir`: hard links where `link` allows and `link_databases` can, else
-    private read-only copies (the only write protection on a kernel without Landlock)."""
-    linked = link_databases(request, reqdir) if link and databases_linkable(request, os.path.dirname(reqdir)) else None
-    if linked is not None:
-        return linked
-    os.mkdir(reqdir, 0o700)
-    copies = []
+    device = os.stat(reqdir).st_dev if link else -1
+    paths, linked = [], 0
     for label in ("initial", "final"):
-        src = request[f"{label}_db"]
+        src, dst = request[f"{label}_db"], os.path.join(reqdir, f"{label}.db")
+        if link and _linkable(src, device):
+            try:
+                os.link(src, dst)
+                paths.append(dst)
+                linked += 1
+                continue
+            except OSError:
+                pass  # gone since the check, or a filesystem that refuses links: copy, or say it is missing
         if not os.path.isfile(src):
             raise FileNotFoundError(f"{label} database not found: {src}")
-        dst = os.path.join(reqdir, f"{label}.db")
         _copy_database(src, dst)
         os.chmod(dst, 0o444)
-        copies.append(dst)
-    os.chmod(reqdir, 0o555)
-    return copies[0], copies[1]
+        paths.append(dst)
+    return Placed(paths[0], paths[1], linked)
 
 
 def _redirect_stdio(keep: tuple[int, ...]) -> None:
@@ -556,7 +542,8 @@ class _Server:
         self.spares: deque[_Child] = deque()
         self.dying: list[int] = []  # killed children not reaped yet
         # Spares handed to the caller, which writes a request to one and reads its result itself: two
-        # wake-ups (child, caller) instead of five. Only with linked databases: the caller makes no copies.
+        # wake-ups (child, caller) instead of five. Only where Landlock and seccomp guard links (the caller
+        # links what it can into the spare's directory, and copies the rest there).
         handover = settings.get("handover_fd")
         self.handover = socket.socket(fileno=handover) if isinstance(handover, int) else None
         self.hand = self.handover is not None and self.link and hasattr(os, "pidfd_open")
@@ -769,7 +756,9 @@ class _Server:
         """Snapshot the request's databases and hand it to a waiting child (a new one if none waits)."""
         reqdir = os.path.join(self.workdir, f"req-{request['id']}")
         try:
-            initial, final = _snapshot_databases(request, reqdir, self.link)
+            os.mkdir(reqdir, 0o700)
+            initial, final, _ = place_databases(request, reqdir, link=self.link)
+            os.chmod(reqdir, 0o555)
         except Exception as exc:
             remove_tree(reqdir)
             self._answer(request["id"], {"status": "error", "detail": f"could not snapshot the databases: {exc}"})

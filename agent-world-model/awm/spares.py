@@ -2,11 +2,12 @@
 
 Through the helper a verification wakes five processes or threads in turn: caller -> helper -> child
 -> helper -> reply reader -> caller. Each wake-up of a cold Python process costs 0.15-0.6 ms on the
-2-core machine, more than the kernel's pipe round trip (10 us). So where the databases can be linked
-instead of copied (`awm.sandbox.link_databases`: nothing for the helper to do per request), the helper
-forks and locks down spares as before and passes each one's request and result pipes and a pidfd to
-the caller over a Unix socket (SCM_RIGHTS). The caller writes the request to a spare and reads its
-result itself: two wake-ups. The helper still forks, reaps and kills what is left of a child's
+2-core machine, more than the kernel's pipe round trip (10 us). So where Landlock and seccomp let a
+child read hard links to the originals (`awm.sandbox.place_databases`), the helper forks and locks
+down spares as before and passes each one's request and result pipes and a pidfd to the caller over a
+Unix socket (SCM_RIGHTS). The caller places the databases in the spare's own directory (links where
+the filesystem allows, copies elsewhere), writes the request to the spare and reads its result
+itself: two wake-ups. The helper still forks, reaps and kills what is left of a child's
 process group; the caller enforces the wall-clock deadline (SIGKILL through the pidfd, which cannot hit
 a recycled pid) and kills the child once it has answered, as the helper does.
 """
@@ -35,7 +36,7 @@ class Spare:
     """One locked-down child waiting for its request; the caller owns its pipes and pidfd."""
 
     pid: int
-    dir: str  # its own directory, which it may read: the request's databases are linked here
+    dir: str  # its own directory, the only one it may read of its request's: the databases go here
     request_fd: int
     result_fd: int
     pidfd: int

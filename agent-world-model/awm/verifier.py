@@ -33,10 +33,9 @@ from typing import Any
 from awm.sandbox import (
     HELPER_SCRIPT,
     CompiledForms,
-    databases_linkable,
     describe_exit,
     kill_group,
-    link_databases,
+    place_databases,
     remove_tree,
     request_payload,
 )
@@ -98,6 +97,19 @@ class SandboxRun:
     value_type: str = ""  # the Python type name of the value before it was made JSON-safe
     detail: str = ""
     elapsed_s: float = 0.0
+
+
+@dataclasses.dataclass
+class SandboxStats:
+    """How a sandbox's requests reached their children, so tests and benchmarks can tell the paths
+    apart: `direct` ones were written by this process to a spare the helper handed over, with their
+    databases placed in its directory (`linked` and `copied` count those files); the rest went
+    `through_helper`, which places their databases itself."""
+
+    direct: int = 0
+    through_helper: int = 0
+    linked: int = 0
+    copied: int = 0
 
 
 class SandboxError(RuntimeError):
@@ -174,6 +186,7 @@ class _Direct:
     spare: Spare
     request: dict[str, Any]
     wants_form: bool  # the child hands back the verifier's compiled form for the caller to keep
+    linked: int  # of the two databases, how many the caller linked into the spare's directory (the rest: copied)
 
     def finish(self, reply: dict[str, Any] | None) -> dict[str, Any] | Future:
         """The reply, or (the child ended without one) the helper's answer on how it ended. The helper
@@ -189,8 +202,8 @@ class _Direct:
 class _Helper:
     """One helper process, its private directory and the requests it has in flight."""
 
-    def __init__(self, settings: dict[str, Any], start_timeout_s: float) -> None:
-        self.workdir = tempfile.mkdtemp(prefix="awm-verifier-")
+    def __init__(self, settings: dict[str, Any], start_timeout_s: float, workdir_parent: str | None) -> None:
+        self.workdir = tempfile.mkdtemp(prefix="awm-verifier-", dir=workdir_parent)
         env = {key: os.environ[key] for key in _ENV_ALLOWLIST if key in os.environ}
         env.update(_ENV_FIXED, HOME=self.workdir)
         # The helper hands its spares over on this socket (`awm.spares`), where it can.
@@ -252,18 +265,20 @@ class _Helper:
         return protections, bool(hands_spares)
 
     def start_direct(self, request: dict[str, Any]) -> _Direct | None:
-        """Link the request's databases into a handed-over spare's directory and write the request to it;
-        None: send it to the helper (no spare waiting, or a database that must be copied)."""
-        if self.pool is None or not databases_linkable(request, self.workdir):
-            return None  # a database to copy: the helper's path
+        """Place the request's databases in a handed-over spare's directory (a link where the file is on
+        its filesystem and complete in itself, else a copy) and write the request to the spare; None:
+        send it to the helper (no spare waiting, or it died, or a database could not be placed)."""
+        if self.pool is None:
+            return None
         fields = self.compiled.request_fields(request["code"])
         while (spare := self.pool.take()) is not None:
-            links = link_databases(request, spare.dir, made=True)
-            if links is None:  # the spare died (the helper removed its directory), or a database vanished
-                spare.retire()
+            try:  # a helper hands spares over only where Landlock and seccomp guard links
+                placed = place_databases(request, spare.dir, link=True)
+            except Exception:  # the spare died (its directory is gone) or a database did: the
+                spare.retire()  # helper's path gives the answer it always gave
                 return None
-            if spare.send(request_payload(request, fields, spare.dir, *links)):
-                return _Direct(self, spare, request, bool(fields.get("want_compiled")))
+            if spare.send(request_payload(request, fields, spare.dir, placed.initial, placed.final)):
+                return _Direct(self, spare, request, bool(fields.get("want_compiled")), placed.linked)
         return None
 
     def status(self, request_id: int, pid: int) -> Future:
@@ -351,8 +366,11 @@ class VerifierSandbox:
     `spare_children` children wait forked and locked down for the next requests (0: fork per request).
     Where the kernel's Landlock (ABI 3+) and seccomp can keep a child from changing the databases, it
     reads hard links to them instead of copies (`link_databases=False` copies anyway, as kernels
-    without Landlock always do), and the helper hands its spares to this process, which writes
-    requests to them and reads their results itself (`direct=False`: every request through the helper).
+    without Landlock always do), and the helper hands its spares to this process, which places the
+    databases and writes requests to them and reads their results itself (`direct=False`: every
+    request through the helper). A link cannot cross filesystems, so put the helper's directory
+    (`workdir_parent`, default the temp dir) on the filesystem of the databases verified most (an
+    episode's); a database elsewhere is copied. `stats` counts the requests by path.
     Thread-safe; `averify` lets many verifications run at once (the helper runs up to
     `max_workers` children in parallel and queues the rest; a request's timeout starts when its
     child starts, and a request queued past a short grace gets an overflow child, so verifiers that
@@ -370,6 +388,7 @@ class VerifierSandbox:
         start_timeout_s: float = 30.0,
         link_databases: bool = True,
         direct: bool = True,
+        workdir_parent: str | os.PathLike[str] | None = None,
     ) -> None:
         if not hasattr(os, "fork"):
             raise SandboxError(
@@ -384,7 +403,10 @@ class VerifierSandbox:
             "hand_spares": bool(direct and link_databases and spare_children > 0),
         }
         self._start_timeout_s = start_timeout_s
+        self._workdir_parent = os.fspath(workdir_parent) if workdir_parent is not None else None
         self._lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._stats = SandboxStats()
         self._helper: _Helper | None = None
         self._closed = False
         self._ids = itertools.count()
@@ -400,12 +422,27 @@ class VerifierSandbox:
         """The kernel protections in force: network_isolated, landlock_abi, seccomp_no_fork, capabilities_dropped, uid."""
         return dict(self._current_helper().protections)
 
+    @property
+    def stats(self) -> SandboxStats:
+        """A copy of the counts of requests by path since this sandbox was made."""
+        with self._stats_lock:
+            return dataclasses.replace(self._stats)
+
+    def _count(self, direct: _Direct | None) -> None:
+        with self._stats_lock:
+            if direct is None:
+                self._stats.through_helper += 1
+            else:
+                self._stats.direct += 1
+                self._stats.linked += direct.linked
+                self._stats.copied += 2 - direct.linked
+
     def _current_helper(self) -> _Helper:
         with self._lock:
             if self._closed:
                 raise SandboxError("this VerifierSandbox is closed; create a new one")
             if self._helper is None or not self._helper.alive:
-                self._helper = _Helper(self._settings, self._start_timeout_s)
+                self._helper = _Helper(self._settings, self._start_timeout_s, self._workdir_parent)
             return self._helper
 
     def _submit(self, request: dict[str, Any]) -> Future:
@@ -466,6 +503,7 @@ class VerifierSandbox:
         if isinstance(request, SandboxRun):
             return request
         direct = self._current_helper().start_direct(request)
+        self._count(direct)
         if direct is None:
             reply = self._submit(request).result()
         else:
@@ -492,6 +530,7 @@ class VerifierSandbox:
         if self.helper_pid is None:  # starting the helper takes tens of ms: not on the loop
             await asyncio.to_thread(self._current_helper)
         direct = self._current_helper().start_direct(request)
+        self._count(direct)
         if direct is None:
             reply = await asyncio.wrap_future(self._submit(request))
         else:

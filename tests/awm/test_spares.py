@@ -2,6 +2,7 @@
 through the helper, and the caller keeps the helper's duties on that path (deadline, kill, status)."""
 
 import asyncio
+import dataclasses
 import os
 import signal
 import sqlite3
@@ -10,7 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from awm.verifier import Verdict, VerifierSandbox
+from awm.episode import EnvRuntime
+from awm.solutions import load_solutions, replay
+from awm.verifier import SandboxStats, Verdict, VerifierSandbox
 
 _COMPLETE = "def verify_task_completion(initial_db_path, final_db_path):\n    return {'result': 'complete'}\n"
 
@@ -119,22 +122,91 @@ def test_a_cancelled_verification_kills_its_child(db):
         box.close()
 
 
-def test_a_database_on_another_filesystem_is_copied_without_spending_a_spare(tmp_path):
-    """A hard link cannot cross filesystems: such a request goes to the helper (which copies) and
-    leaves the caller's spares waiting, instead of taking one only to give it up."""
+_INODES = """
+def verify_task_completion(initial_db_path, final_db_path):
+    try:
+        open(initial_db_path, "r+b")
+        writable = True
+    except OSError:
+        writable = False
+    try:
+        open(ORIGINAL, "rb")
+        original_readable = True
+    except OSError:
+        original_readable = False
+    rows = sqlite3.connect(initial_db_path).execute("SELECT count(*) FROM item").fetchone()[0]
+    return {"result": "complete", "inodes": [os.stat(initial_db_path).st_ino, os.stat(final_db_path).st_ino],
+            "rows": rows, "writable": writable, "original_readable": original_readable}
+"""
+
+
+def test_a_database_on_another_filesystem_is_copied_into_a_handed_spare(tmp_path, db):
+    """Per file: the final database, on the helper's filesystem, is linked; the initial one in /dev/shm
+    cannot be, so the caller copies it (read-only) into the spare's directory, and the request still
+    skips the helper. The spare reads neither the original's path nor anything outside its directory."""
     shm = Path("/dev/shm")
     if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
         pytest.skip("needs /dev/shm on a filesystem of its own")
-    local = tmp_path / "local.db"
-    sqlite3.connect(local).close()
-    box = _box_with_spares(str(local))
-    elsewhere = shm / f"awm-test-{os.getpid()}.db"
+    final = Path(db)
+    box = _box_with_spares(db)
+    initial = shm / f"awm-test-{os.getpid()}.db"
     try:
-        sqlite3.connect(elsewhere).execute("CREATE TABLE item (id INTEGER PRIMARY KEY)").connection.commit()
-        waiting = _waiting(box)
-        assert os.stat(box._helper.workdir).st_dev != elsewhere.stat().st_dev
-        verdicts = [box.verify(_COMPLETE, str(elsewhere), str(elsewhere)).verdict for _ in range(3)]
-        assert verdicts == ["complete"] * 3 and _waiting(box) == waiting
+        conn = sqlite3.connect(initial)
+        conn.executescript("CREATE TABLE item (id INTEGER PRIMARY KEY); INSERT INTO item VALUES (1), (2);")
+        conn.close()
+        assert os.stat(box._helper.workdir).st_dev != initial.stat().st_dev
+        before = box.stats
+        code = _INODES.replace("ORIGINAL", repr(str(initial)))
+        runs = [box.run(code, str(initial), str(final)) for _ in range(2)]
+        after = box.stats
+        for run in runs:
+            assert run.status == "ok", run.detail
+            assert run.value["rows"] == 2
+            assert run.value["inodes"][0] != initial.stat().st_ino  # a copy
+            assert run.value["inodes"][1] == final.stat().st_ino  # the original, linked
+            assert not run.value["writable"] and not run.value["original_readable"]
+        assert (after.direct - before.direct, after.through_helper - before.through_helper) == (2, 0)
+        assert (after.linked - before.linked, after.copied - before.copied) == (2, 2)
     finally:
         box.close()
-        elsewhere.unlink(missing_ok=True)
+        initial.unlink(missing_ok=True)
+
+
+def test_a_real_episode_is_verified_through_a_handed_spare(cache_dir):
+    """Through the real runtime: an episode's DB lives in /dev/shm and its template in the cache. The
+    sandbox's directory sits beside the episode directory, so the episode's DB is linked (the template
+    copied where it lies elsewhere) into a spare handed to the runtime, and the verdicts are right:
+    the task's wrong solution is rejected, its reference solution accepted."""
+    (scenario, task_idx), solution = sorted(load_solutions().items())[0]
+    fields = [field.name for field in dataclasses.fields(SandboxStats)]
+
+    same_fs = [False]  # whether the template is on the episode's filesystem, so linked too
+
+    async def verdicts() -> list[tuple[str, set[int], SandboxStats]]:
+        seen = []
+        with EnvRuntime(num_workers=1, cache_dir=cache_dir) as rt:
+            box, (template, _) = rt.sandbox(), rt.template(scenario)
+            box.verify(_COMPLETE, str(template), str(template))  # start the helper
+            if box._helper.pool is None:
+                pytest.skip("no spares are handed over here (Landlock ABI 3+, seccomp and pidfd_open are needed)")
+            for calls, answer in ((solution.wrong_calls, solution.wrong_final_answer),
+                                  (solution.calls, solution.final_answer)):
+                async with await rt.open(scenario, task_idx) as ep:
+                    await replay(ep, calls)
+                    assert _until(lambda: len(_waiting(box)) == 2), "no two spares handed over"
+                    waiting, before = _waiting(box), box.stats
+                    verdict = await ep.verify(answer)
+                    after = box.stats
+                    delta = SandboxStats(*(getattr(after, f) - getattr(before, f) for f in fields))
+                    seen.append((verdict.verdict, waiting - _waiting(box), delta))
+                    # the episode's DB can be linked: the sandbox's directory is on its filesystem
+                    assert os.stat(box._helper.workdir).st_dev == ep.db_path.stat().st_dev
+                    same_fs[0] = template.stat().st_dev == ep.db_path.stat().st_dev
+        return seen
+
+    (wrong, used_first, first), (right, used_second, second) = asyncio.run(verdicts())
+    assert (wrong, right) == ("others", "complete")
+    assert len(used_first) == 1 and len(used_second) == 1  # each verification took one handed spare
+    for delta in (first, second):
+        assert (delta.direct, delta.through_helper) == (1, 0)
+        assert (delta.linked, delta.copied) == ((2, 0) if same_fs[0] else (1, 1))
