@@ -25,7 +25,8 @@ _LL_TRUNCATE = 1 << 14
 # seccomp, per machine: audit arch; syscalls always denied (fork, vfork, socket, ptrace, process_vm_readv,
 # process_vm_writev, unshare, setns); clone and clone3, allowed for threads only where threads are.
 # "metadata" (verifier children only): chmod, chown, utime and xattr calls in every form, so that a verifier
-# reading an original database through a hard link (`link_databases`) cannot change its mode, owner or times.
+# reading an original database through a hard link (`awm.sandbox.place_databases`) cannot change its mode,
+# owner or times.
 _SECCOMP_SYSCALLS = {
     "x86_64": {"arch": 0xC000003E, "deny": (57, 58, 41, 101, 310, 311, 272, 308), "clone": 56, "clone3": 435,
                "metadata": (90, 91, 268, 452, 92, 93, 94, 260, 132, 235, 261, 280,
