@@ -2,9 +2,13 @@
 
     .venv/bin/python benchmarks/verifier_latency.py                     # bundled scenarios, solved states
     .venv/bin/python benchmarks/verifier_latency.py --data-dir /work/shared/awm_1k_excerpt
+    .venv/bin/python benchmarks/verifier_latency.py --copy-databases --through-helper   # the paths before
+    .venv/bin/python benchmarks/verifier_latency.py --episodes      # through Episode.verify, DBs in place
 
 Bundled scenarios: every task's reference solution is replayed on an episode and its final DB is
-verified (each must say "complete"). A --data-dir has no reference solutions: each task's verifier
+verified (each must say "complete"). By default both DBs are copied into one temp folder first; with
+--episodes the episodes stay open and `Episode.verify` runs on the DBs where the runtime keeps them
+(the episode's in /dev/shm, its template in the cache), as in training. A --data-dir has no reference solutions: each task's verifier
 runs on its scenario's template DB as both initial and final state (the untouched state; the
 verifier still reads and compares every table it checks). The sandbox overhead is measured against
 the same verifier run unsandboxed in this process (for the comparison only), interleaved with the
@@ -23,10 +27,12 @@ import sqlite3
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from awm.episode import EnvRuntime
+from awm.episode import EnvRuntime, Episode
 from awm.sandbox import _run_verifier
 from awm.solutions import load_solutions, replay
 from awm.verifier import SandboxRun, VerifierSandbox, code_verdict, strip_thinking, verifier_function_name
@@ -102,12 +108,13 @@ def unsandboxed(case: Case) -> str:
     return code_verdict(run).verdict
 
 
-def latency(box: VerifierSandbox, cases: list[Case], samples: int) -> tuple[list[float], list[float]]:
+async def latency(verify: Callable[[Case], Awaitable[str]], cases: list[Case],
+                  samples: int) -> tuple[list[float], list[float]]:
     """Sandboxed and unsandboxed seconds per verification, interleaved case by case."""
     boxed, bare = [], []
     for case in itertools.islice(itertools.cycle(cases), samples):
         t = time.perf_counter()
-        verdict = box.verify(case.code, case.initial, case.final, case.final_answer).verdict
+        verdict = await verify(case)
         boxed.append(time.perf_counter() - t)
         t = time.perf_counter()
         same = unsandboxed(case)
@@ -115,6 +122,24 @@ def latency(box: VerifierSandbox, cases: list[Case], samples: int) -> tuple[list
         if verdict != same or (case.expected and verdict != case.expected):
             raise SystemExit(f"{case.name}: sandboxed {verdict!r}, unsandboxed {same!r}, expected {case.expected!r}")
     return boxed, bare
+
+
+def latency_rows(boxed: list[float], bare: list[float]) -> list[tuple[str, str]]:
+    overhead = [b - u for b, u in zip(boxed, bare, strict=True)]
+    return [
+        ("sandboxed p50 / p99", f"{pct(boxed, .5) * 1e3:.2f} / {pct(boxed, .99) * 1e3:.2f} ms"),
+        ("unsandboxed, in-process p50 / p99", f"{pct(bare, .5) * 1e3:.2f} / {pct(bare, .99) * 1e3:.2f} ms"),
+        ("sandbox overhead p50 (paired)", f"{statistics.median(overhead) * 1e3:.2f} ms"),
+    ]
+
+
+def path_rows(box: VerifierSandbox) -> list[tuple[str, str]]:
+    """How the requests reached their children (trees before `VerifierSandbox.stats` have no such row)."""
+    stats = getattr(box, "stats", None)
+    if stats is None:
+        return []
+    return [("requests by path", f"{stats.direct} direct ({stats.linked} DBs linked, {stats.copied} copied), "
+                                 f"{stats.through_helper} through the helper")]
 
 
 async def throughput(box: VerifierSandbox, cases: list[Case], concurrency: int, seconds: float) -> float:
@@ -137,7 +162,19 @@ async def throughput(box: VerifierSandbox, cases: list[Case], concurrency: int, 
     return done / (time.perf_counter() - start)
 
 
+def sandbox_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The switches given; none given passes none, so the file also runs on older trees."""
+    options: dict[str, Any] = {} if args.spares is None else {"spare_children": args.spares}
+    if args.copy_databases:
+        options["link_databases"] = False
+    if args.through_helper:
+        options["direct"] = False
+    return options
+
+
 def main(args: argparse.Namespace) -> list[tuple[str, str]]:
+    if args.episodes:
+        return asyncio.run(through_episodes(args))
     with tempfile.TemporaryDirectory(prefix="awm-verifier-bench-") as tmp:
         out = Path(tmp)
         if args.data_dir:
@@ -146,22 +183,54 @@ def main(args: argparse.Namespace) -> list[tuple[str, str]]:
             cases = asyncio.run(solved_cases(out, args.workers))
         if not cases:
             raise SystemExit("no task with a code verifier found")
-        spares = {} if args.spares is None else {"spare_children": args.spares}  # None: also runs on older trees
-        with VerifierSandbox(**spares) as box:
+        with VerifierSandbox(**sandbox_options(args)) as box:
+
+            async def verify(case: Case) -> str:
+                return box.verify(case.code, case.initial, case.final, case.final_answer).verdict
+
             for case in cases:  # start the helper; every verifier once
                 box.verify(case.code, case.initial, case.final, case.final_answer)
-            boxed, bare = latency(box, cases, args.samples)
-            overhead = [b - u for b, u in zip(boxed, bare, strict=True)]
-            rows = [
-                ("cases", f"{len(cases)} tasks ({'template DBs' if args.data_dir else 'solved states'})"),
-                ("sandboxed p50 / p99", f"{pct(boxed, .5) * 1e3:.2f} / {pct(boxed, .99) * 1e3:.2f} ms"),
-                ("unsandboxed, in-process p50 / p99", f"{pct(bare, .5) * 1e3:.2f} / {pct(bare, .99) * 1e3:.2f} ms"),
-                ("sandbox overhead p50 (paired)", f"{statistics.median(overhead) * 1e3:.2f} ms"),
-            ]
+            rows = [("cases", f"{len(cases)} tasks ({'template DBs' if args.data_dir else 'solved states'})"),
+                    *latency_rows(*asyncio.run(latency(verify, cases, args.samples)))]
             for n in args.concurrency:
                 rate = asyncio.run(throughput(box, cases, n, args.seconds))
                 rows.append((f"verifications/s, {n} concurrent", f"{rate:,.0f}/s"))
-            rows.append(("protections", ", ".join(f"{k}={v}" for k, v in box.protections.items())))
+            rows += [*path_rows(box), ("protections", ", ".join(f"{k}={v}" for k, v in box.protections.items()))]
+    return rows
+
+
+async def through_episodes(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The bundled tasks' reference solutions replayed on episodes that stay open, each then verified
+    by `Episode.verify` on the DBs where the runtime keeps them (latency only: an episode verifies one
+    request at a time)."""
+    options = sandbox_options(args)
+    with EnvRuntime(num_workers=args.workers, **({"verifier_options": options} if options else {})) as rt:
+        episodes: dict[str, Episode] = {}
+        cases = []
+        try:
+            for (scenario, task_idx), sol in sorted(load_solutions().items()):
+                row = rt.dataset.verifier(scenario, task_idx, mode="code")
+                if row is None or not row.code:
+                    continue
+                ep = episodes[f"{scenario}.{task_idx}"] = await rt.open(scenario, task_idx)
+                await replay(ep, sol.calls)
+                cases.append(Case(f"{scenario}.{task_idx}", row.code, str(ep.initial_db), str(ep.db_path),
+                                  sol.final_answer, "complete"))
+
+            async def verify(case: Case) -> str:
+                return (await episodes[case.name].verify(case.final_answer)).verdict
+
+            for case in cases:  # start the helper; every verifier once
+                await verify(case)
+            box = rt.sandbox()
+            rows = [("cases", f"{len(cases)} tasks (solved states, open episodes, Episode.verify)"),
+                    ("databases", f"episode {Path(cases[0].final).parent.parent.parent}, template "
+                                  f"{Path(cases[0].initial).parent}"),
+                    *latency_rows(*await latency(verify, cases, args.samples)), *path_rows(box),
+                    ("protections", ", ".join(f"{k}={v}" for k, v in box.protections.items()))]
+        finally:
+            for ep in episodes.values():
+                await ep.close()
     return rows
 
 
@@ -173,7 +242,13 @@ def cli() -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
     p.add_argument("--spares", type=int, default=None,
                    help="children the sandbox keeps forked ahead of demand (default: the sandbox's own default)")
+    p.add_argument("--copy-databases", action="store_true",
+                   help="copy the databases per request even where Landlock lets a child read hard links to them")
+    p.add_argument("--through-helper", action="store_true",
+                   help="send every request through the helper (no spares handed to this process)")
     p.add_argument("--workers", type=int, default=None, help="environment workers for the replays")
+    p.add_argument("--episodes", action="store_true",
+                   help="verify through open episodes (Episode.verify, DBs where the runtime keeps them)")
     args = p.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     rows = main(args)

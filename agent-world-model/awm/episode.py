@@ -112,6 +112,8 @@ class EnvRuntime:
     `load_attempts` imports that crash or hang a worker before the scenario is refused.
     `direct_dispatch=False` sends every tool call through the app's ASGI stack instead of straight
     to its endpoint (`awm.runtime.dispatch`; same answers, slower): turn off only to compare the two.
+    `verifier_options` are keyword arguments for the `VerifierSandbox` (e.g. `{"direct": False}` to
+    compare its paths); its directory sits beside the episode directory unless they say otherwise.
     """
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, num_workers: int | None = None,
@@ -120,7 +122,8 @@ class EnvRuntime:
                  load_timeout_s: float = 120.0, verifier_timeout_s: float = 10.0,
                  verifier_rule: str = "last_valid", exclude: Any = (), dataset: AWMDataset | None = None,
                  sandbox_workers: bool = True, worker_memory_limit_mb: int | None = 2048,
-                 load_attempts: int = 1, direct_dispatch: bool = True) -> None:
+                 load_attempts: int = 1, direct_dispatch: bool = True,
+                 verifier_options: dict[str, Any] | None = None) -> None:
         cache = Path(cache_dir) if cache_dir else default_cache_dir()
         self.dataset = dataset or AWMDataset(data_dir or bundled_data_dir(), verifier_rule=verifier_rule,
                                              cache_dir=cache, exclude=exclude)
@@ -148,6 +151,7 @@ class EnvRuntime:
         self._completed: set[str] = set()  # templates whose env-code schema was folded in
         self._broken: dict[str, str] = {}  # scenario -> why its environment code does not load
         self._sandbox: VerifierSandbox | None = None
+        self._verifier_options = {"workdir_parent": self.episode_dir.parent, **(verifier_options or {})}
         self._judge: SqlJudge | None = None
         self._counter = itertools.count()
         self.episodes: dict[str, Episode] = {}
@@ -294,10 +298,11 @@ class EnvRuntime:
         return await self.pool.request(slot, op, payload, timeout_s, generation=generation)
 
     def sandbox(self) -> VerifierSandbox:
-        """The verifier sandbox process, started on first use."""
+        """The verifier sandbox process, started on first use. Its directory sits beside the episode
+        directory (in /dev/shm by default), so an episode's DB is hard-linked into a verifier's, not copied."""
         with self._lock:
             if self._sandbox is None:
-                self._sandbox = VerifierSandbox()
+                self._sandbox = VerifierSandbox(**self._verifier_options)
             return self._sandbox
 
     def judge(self) -> SqlJudge:

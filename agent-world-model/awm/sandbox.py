@@ -1,8 +1,8 @@
 """What runs inside the verifier sandbox: the helper process and the child it forks per verifier.
 
-The kernel protections (`Lockdown`: network namespace, Landlock, seccomp, dropped capabilities) are
-also what an environment worker (`awm.runtime.worker`) applies to itself, with a writable directory of its
-own and threads allowed.
+The kernel protections (`awm.lockdown.Lockdown`: network namespace, Landlock, seccomp, dropped
+capabilities) are also what an environment worker (`awm.runtime.worker`) applies to itself, with a
+writable directory of its own and threads allowed.
 
 `awm.verifier` starts this file as `python -I sandbox.py CONFIG` (isolated mode: no user site, no
 PYTHON* variables, no script directory on sys.path) with an allow-listed environment, so it imports
@@ -16,9 +16,13 @@ to a child of its own and writes one JSON reply per request on stdout. Each prot
   request's directory; the request adds that one directory to the spare's own ruleset and restricts.
   So a verifier pays for neither the fork nor the lockdown, and still reads only its own request's
   snapshots. A child serves one request and exits: nothing a verifier leaves behind reaches another.
-- Private read-only copies of the two databases, made by the helper in a directory per request: a
-  verifier cannot change the real files, and a WAL file's recent writes are folded in by an SQLite
-  backup so the copy is complete.
+- The two databases in a directory per request, each on its own (`place_databases`): a hard link to
+  the original where Landlock (ABI 3+) and seccomp keep the child from writing, truncating or
+  re-moding it and it sits on the directory's filesystem, else a private read-only copy (a WAL file's
+  recent writes folded in by an SQLite backup), the only write protection on a kernel without Landlock.
+- Where Landlock and seccomp guard links, spares are handed to the caller (`awm.spares`): it places
+  the databases in a spare's own directory, writes the request to it and reads the result itself;
+  the helper only forks, reaps and explains deaths.
 - Resource limits: memory (RLIMIT_AS), CPU time as a backstop to the wall clock, open files, no file
   growth, no core dumps and no new processes for a non-root uid.
 - A wall-clock deadline per child, enforced by the helper killing the child's process group.
@@ -38,11 +42,12 @@ to a child of its own and writes one JSON reply per request on stdout. Each prot
 
 import binascii
 import builtins
-import ctypes
 import dataclasses
 import fcntl
 import gc
+import importlib.util
 import inspect
+import itertools
 import json
 import linecache
 import marshal
@@ -55,17 +60,33 @@ import select
 import selectors
 import shutil
 import signal
+import socket
 import sqlite3
-import stat
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 # The script the caller runs as `python -I HELPER_SCRIPT CONFIG`.
 HELPER_SCRIPT = os.path.abspath(__file__)
+
+
+def _load_lockdown() -> Any:
+    """`awm.lockdown`; for the helper script, which runs without the `awm` package on its path, the file
+    beside this one loaded by location (putting its directory on sys.path would let verifiers read it)."""
+    if __package__:
+        return importlib.import_module(f"{__package__}.lockdown")
+    path = os.path.join(os.path.dirname(HELPER_SCRIPT), "lockdown.py")
+    spec = importlib.util.spec_from_file_location("awm_lockdown", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+Lockdown = _load_lockdown().Lockdown
 
 _MAX_RESULT_BYTES = 8 << 20
 # A request queued this long (or a quarter of its timeout, if less) starts even when every slot is
@@ -81,282 +102,7 @@ _SOURCE_NAME = "<awm-verifier>"
 # Imported by the helper before it forks, so a verifier's `import` of them is a dictionary lookup.
 _PRELOADED = ("collections", "datetime", "decimal", "fractions", "functools", "itertools", "statistics", "zoneinfo")
 
-_PR_SET_PDEATHSIG = 1
-_PR_CAPBSET_DROP = 24
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_GET_SECCOMP, _PR_SET_SECCOMP = 21, 22
-_CLONE_NEWNET = 0x40000000
-# Landlock syscalls carry the same numbers on every Linux architecture.
-_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
-_LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 1, 1 << 2, 1 << 3
-_LL_TRUNCATE = 1 << 14
-# seccomp, per machine: audit arch; syscalls always denied (fork, vfork, socket, ptrace, process_vm_readv,
-# process_vm_writev, unshare, setns); clone and clone3, allowed for threads only where threads are.
-_SECCOMP_SYSCALLS = {
-    "x86_64": {"arch": 0xC000003E, "deny": (57, 58, 41, 101, 310, 311, 272, 308), "clone": 56, "clone3": 435},
-    "aarch64": {"arch": 0xC00000B7, "deny": (198, 117, 270, 271, 97, 268), "clone": 220, "clone3": 435},
-}
-_CLONE_THREAD = 0x10000
 _RESULT_FD, _REQUEST_FD, _RULESET_FD = 3, 4, 5
-# What a verifier may read besides its DB copies: the interpreter and system libraries, nothing else
-# (no /proc/<pid>/environ of the trainer, no home directories, no /tmp).
-_SYSTEM_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32")
-_SYSTEM_READ_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/timezone", "/etc/passwd", "/etc/group")
-_DEVICES = {"/dev/null": "rw", "/dev/zero": "r", "/dev/urandom": "r", "/dev/random": "r"}
-
-
-class _LandlockRulesetAttr(ctypes.Structure):
-    _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
-    ]
-
-
-class _LandlockPathBeneathAttr(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_uint16),
-        ("jt", ctypes.c_uint8),
-        ("jf", ctypes.c_uint8),
-        ("k", ctypes.c_uint32),
-    ]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
-
-
-def _checked(result: int, what: str) -> int:
-    """Raise OSError with errno for a failed libc call (they return -1 and set errno)."""
-    if result < 0:
-        raise OSError(ctypes.get_errno(), f"{what} failed")
-    return result
-
-
-def _syscall(libc: ctypes.CDLL, number: int, *args: int) -> int:
-    """A raw syscall with every argument passed as a full-width integer (the variadic ABI needs that)."""
-    return _checked(libc.syscall(ctypes.c_long(number), *map(ctypes.c_ulong, args)), f"syscall {number}")
-
-
-def _prctl(libc: ctypes.CDLL, option: int, arg: int = 0, arg3: int = 0) -> int:
-    return _checked(
-        libc.prctl(ctypes.c_int(option), *map(ctypes.c_ulong, (arg, arg3, 0, 0))), f"prctl({option})"
-    )
-
-
-def _landlock_fs_rights(abi: int) -> int:
-    """Every filesystem right the kernel knows at this ABI: handling a right and not granting it denies it."""
-    rights = (1 << 13) - 1  # execute, write, read, readdir, remove, make_* (ABI 1)
-    for version, bit in ((2, 13), (3, 14), (5, 15)):  # refer, truncate, ioctl_dev
-        if abi >= version:
-            rights |= 1 << bit
-    return rights
-
-
-_LL_WRITE_DIR_RIGHTS = (1 << 1) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 7) | (1 << 8)
-"""write, read, readdir, remove_dir, remove_file, make_dir, make_reg: what a writable dir grants (no exec)."""
-
-
-def _landlock_rules(abi: int, readable_extra: tuple[str, ...], writable: tuple[str, ...]) -> list[tuple[int, int]]:
-    """(rights, O_PATH fd) per path: read-only access to the interpreter, system libraries and
-    `readable_extra`; plain files and directories under `writable` (no exec, sockets, devices or links
-    there). Opened once, so that a forked child builds its own ruleset without touching the filesystem."""
-    readable = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *readable_extra, *sys.path}
-    readable.update(_SYSTEM_READ_ROOTS, _SYSTEM_READ_FILES)
-    wanted = {path: _LL_READ_FILE | _LL_READ_DIR for path in readable if path}
-    write = _LL_WRITE_FILE | (_LL_TRUNCATE if abi >= 3 else 0)
-    wanted.update({path: _LL_READ_FILE | (write if mode == "rw" else 0) for path, mode in _DEVICES.items()})
-    wanted.update({path: _LL_WRITE_DIR_RIGHTS | (_LL_TRUNCATE if abi >= 3 else 0) for path in writable})
-    rules = []
-    for path, rights in wanted.items():
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            continue  # a missing optional path
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            rights &= _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE  # file rules take file rights only
-        rules.append((rights, fd))
-    return rules
-
-
-def _landlock_ruleset(libc: ctypes.CDLL, abi: int, rules: list[tuple[int, int]]) -> int:
-    """A Landlock ruleset granting `rules` and denying every other filesystem access it handles (write,
-    create, delete, exec anywhere else); no TCP (ABI 4+); no signals or abstract sockets out (ABI 6+)."""
-    attr = _LandlockRulesetAttr(_landlock_fs_rights(abi), 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
-    size = 8 if abi < 4 else 16 if abi < 6 else 24
-    ruleset = _syscall(libc, _SYS_LANDLOCK_CREATE_RULESET, ctypes.addressof(attr), size, 0)
-    for rights, fd in rules:
-        rule = _LandlockPathBeneathAttr(rights, fd)
-        _syscall(libc, _SYS_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.addressof(rule), 0)  # 1: path beneath
-    return ruleset
-
-
-def _seccomp_program(threads: bool) -> _SockFprog | None:
-    """A seccomp filter that fails with EPERM: fork and vfork; clone unless it makes a thread (`threads`)
-    or always; clone3 (ENOSYS when `threads`, so the C library falls back to clone, whose flags a filter
-    can read); socket (no new sockets: no TCP, UDP or connect() to a Unix socket path); ptrace and
-    process_vm_readv/writev (no reading another process's memory); unshare and setns. Foreign syscall
-    ABIs are refused too. None off x86_64/aarch64."""
-    table = _SECCOMP_SYSCALLS.get(os.uname().machine)
-    if table is None:
-        return None
-    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
-    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ALLOW / ERRNO
-    # (code, k, jump-if-true label, jump-if-false label); labels: None = next instruction
-    body: list[tuple[int, int, str | None, str | None]] = [
-        (load, 4, None, None), (jeq, table["arch"], None, "deny"),
-        (load, 0, None, None), (jge, 0x40000000, "deny", None),
-        *((jeq, n, "deny", None) for n in table["deny"]),
-    ]
-    if threads:
-        body += [(jeq, table["clone3"], "nosys", None), (jeq, table["clone"], None, "allow"),
-                 (load, 16, None, None), (jset, _CLONE_THREAD, "allow", "deny")]
-    else:
-        body += [(jeq, n, "deny", None) for n in (table["clone"], table["clone3"])]
-    ends = {"allow": allow, "deny": eperm, "nosys": enosys}
-    at = {label: len(body) + i for i, label in enumerate(ends)}
-    program = []
-    for index, (code, k, true, false) in enumerate(body):
-        jt = at[true] - index - 1 if true else 0
-        jf = at[false] - index - 1 if false else 0
-        program.append(_SockFilter(code, jt, jf, k))
-    program += [_SockFilter(ret, 0, 0, k) for k in ends.values()]
-    filters = (_SockFilter * len(program))(*program)
-    fprog = _SockFprog(len(program), filters)
-    fprog._keep = filters  # the filter array must outlive the struct that points to it
-    return fprog
-
-
-def _last_capability() -> int:
-    """The highest capability number this kernel knows (63, the most there can be, if it will not say)."""
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as handle:
-            return int(handle.read())
-    except (OSError, ValueError):
-        return 63
-
-
-class Lockdown:
-    """The kernel protections available here, built once and applied by a process to itself.
-
-    An environment worker (`awm.runtime.worker`) builds and applies its own with `writable` (its episode
-    files) and `threads` (FastAPI runs sync handlers in a thread pool). The verifier helper builds
-    one and each forked child applies it in two steps: `prepare` while it waits (everything but the
-    Landlock restriction, plus a ruleset of its own), then `confine` once its request names the one
-    directory it may read.
-    """
-
-    def __init__(self, readable: tuple[str, ...], writable: tuple[str, ...] = (), *, threads: bool = False) -> None:
-        self.libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-        libc = self.libc
-        # The caller only talks over pipes or sockets it already has, so it can leave the network.
-        self.network_isolated = libc is not None and libc.unshare(ctypes.c_int(_CLONE_NEWNET)) == 0
-        self.landlock_abi = 0
-        if libc is not None:
-            try:  # flag 1 asks for the ABI version
-                self.landlock_abi = _syscall(libc, _SYS_LANDLOCK_CREATE_RULESET, 0, 0, 1)
-            except OSError:
-                pass  # no Landlock in this kernel, or disabled
-        self._rules = _landlock_rules(self.landlock_abi, readable, writable) if self.landlock_abi else []
-        self.ruleset_fd = self.new_ruleset()
-        seccomp_ok = libc is not None and libc.prctl(_PR_GET_SECCOMP, 0, 0, 0, 0) >= 0  # kernel has it
-        self.seccomp = _seccomp_program(threads) if seccomp_ok else None
-        # Root keeps uid 0 (its interpreter may live under /root) but gives up every capability.
-        self.drop_capabilities = libc is not None and os.geteuid() == 0
-        self.last_capability = _last_capability()
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "network_isolated": self.network_isolated,
-            "landlock_abi": self.landlock_abi,
-            "seccomp_no_fork": self.seccomp is not None,
-            "capabilities_dropped": self.drop_capabilities,
-            "uid": os.geteuid(),
-        }
-
-    def new_ruleset(self) -> int:
-        """A fresh Landlock ruleset fd for this lockdown's paths (-1 without Landlock).
-
-        A forked child needs its own: rules added to an inherited fd would change its siblings' too.
-        """
-        if not self.landlock_abi:
-            return -1
-        return _landlock_ruleset(self.libc, self.landlock_abi, self._rules)
-
-    def apply(self, parent_pid: int | None, ruleset_fd: int | None = None) -> None:
-        """Lock this thread (and every thread or process it makes later) down; `parent_pid`: die with it."""
-        if self.libc is None:
-            return
-        self._drop_privileges(parent_pid)
-        self._restrict_paths(self.ruleset_fd if ruleset_fd is None else ruleset_fd)
-        self._filter_syscalls()
-        for _, fd in self._rules:  # the rules live on in the restriction; their paths' fds are not needed
-            os.close(fd)
-        self._rules = []
-
-    def prepare(self, parent_pid: int) -> None:
-        """Every protection but the Landlock restriction, for a child that learns what it may read later
-        (`confine`); it builds its ruleset (`new_ruleset`) before this: root without capabilities may
-        no longer reach every path."""
-        if self.libc is None:
-            return
-        self._drop_privileges(parent_pid)
-        self._filter_syscalls()
-
-    def confine(self, ruleset_fd: int, readable_dir: str | None) -> None:
-        """After `prepare`: allow reading `readable_dir` too, then restrict this process to `ruleset_fd`."""
-        if ruleset_fd < 0:
-            return
-        if readable_dir is not None:
-            fd = os.open(readable_dir, os.O_PATH | os.O_CLOEXEC)
-            try:
-                rule = _LandlockPathBeneathAttr(_LL_READ_FILE | _LL_READ_DIR, fd)
-                _syscall(self.libc, _SYS_LANDLOCK_ADD_RULE, ruleset_fd, 1, ctypes.addressof(rule), 0)
-            finally:
-                os.close(fd)
-        self._restrict_paths(ruleset_fd)
-
-    def _drop_privileges(self, parent_pid: int | None) -> None:
-        """Capabilities (root), a parent-death signal, and no_new_privs (which Landlock and seccomp need)."""
-        libc = self.libc
-        if self.drop_capabilities:  # first: a credential change would clear the death signal set below
-            for cap in range(self.last_capability + 1):
-                try:
-                    _prctl(libc, _PR_CAPBSET_DROP, cap)
-                except OSError:
-                    break  # past the last capability this kernel knows
-            _checked(libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), (_CapData * 2)()), "capset")
-        if parent_pid is not None:
-            _prctl(libc, _PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent_pid:  # the parent died before the line above took effect
-                os._exit(0)
-        _prctl(libc, _PR_SET_NO_NEW_PRIVS, 1)
-
-    def _restrict_paths(self, ruleset_fd: int) -> None:
-        if ruleset_fd >= 0:
-            _syscall(self.libc, _SYS_LANDLOCK_RESTRICT_SELF, ruleset_fd, 0)
-            os.close(ruleset_fd)
-
-    def _filter_syscalls(self) -> None:
-        if self.seccomp is not None:
-            _prctl(self.libc, _PR_SET_SECCOMP, 2, ctypes.addressof(self.seccomp))  # 2: filter mode
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -464,19 +210,65 @@ def _copy_database(src: str, dst: str) -> None:
         shutil.copyfile(src, dst)
 
 
-def _snapshot_databases(request: dict[str, Any], reqdir: str) -> tuple[str, str]:
-    os.mkdir(reqdir, 0o700)
-    copies = []
+def _rollback_journal_database(path: str) -> bool:
+    """An SQLite file in rollback-journal mode with no WAL file beside it: complete in itself, so a reader
+    of a hard link to it sees every committed write (a WAL database needs its -wal and -shm files)."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return False
+    return header[:16] == b"SQLite format 3\0" and header[18:20] == b"\1\1" and not os.path.exists(path + "-wal")
+
+
+def _linkable(src: str, device: int) -> bool:
+    """Whether a hard link to `src` can stand in for a copy in a directory on `device`: a link cannot
+    cross filesystems, and only a rollback-journal database is complete in its one file."""
+    try:
+        return os.stat(src).st_dev == device and _rollback_journal_database(src)
+    except OSError:
+        return False
+
+
+class Placed(NamedTuple):
+    """The request's databases as a child sees them, and how many of the two are hard links."""
+
+    initial: str
+    final: str
+    linked: int
+
+
+def place_databases(request: dict[str, Any], reqdir: str, *, link: bool) -> Placed:
+    """Put the request's two databases in the existing `reqdir` as initial.db and final.db, each on its
+    own: a hard link to the original where `link` allows it and `_linkable` holds, else a private
+    read-only copy (a WAL file's recent writes folded in). Raises OSError (FileNotFoundError naming the
+    database when one is missing); what it made stays in `reqdir`, whose owner removes it.
+
+    `link` only for a child whose lockdown `guards_linked_files`: a link is the original's inode, and
+    what keeps the verifier from changing it is Landlock (no write, no truncate) and seccomp (no
+    chmod, chown, utime or xattr), not a copy; on a kernel without Landlock the copies are the only
+    write protection. The originals are quiescent while verified: an episode's database uses a
+    rollback journal in memory and runs no tool call during `Episode.verify`, and a template is
+    written (atomically, then its env-code schema folded in) before any episode of it opens.
+    """
+    device = os.stat(reqdir).st_dev if link else -1
+    paths, linked = [], 0
     for label in ("initial", "final"):
-        src = request[f"{label}_db"]
+        src, dst = request[f"{label}_db"], os.path.join(reqdir, f"{label}.db")
+        if link and _linkable(src, device):
+            try:
+                os.link(src, dst)
+                paths.append(dst)
+                linked += 1
+                continue
+            except OSError:
+                pass  # gone since the check, or a filesystem that refuses links: copy, or say it is missing
         if not os.path.isfile(src):
             raise FileNotFoundError(f"{label} database not found: {src}")
-        dst = os.path.join(reqdir, f"{label}.db")
         _copy_database(src, dst)
         os.chmod(dst, 0o444)
-        copies.append(dst)
-    os.chmod(reqdir, 0o555)
-    return copies[0], copies[1]
+        paths.append(dst)
+    return Placed(paths[0], paths[1], linked)
 
 
 def _redirect_stdio(keep: tuple[int, ...]) -> None:
@@ -525,6 +317,7 @@ def _warm_up(db_path: str) -> None:
         conn.close()
     re.sub(r"<think>.*?</think>", " ", "<think>a</think>b", flags=re.S)
     json.loads(json.dumps({"result": "complete"}))
+    _call_bound(lambda initial_db_path, final_db_path: None, "", "", None)  # inspect.signature: 0.1-0.2 ms cold
 
 
 def _read_request() -> dict[str, Any] | None:
@@ -540,9 +333,10 @@ def _read_request() -> dict[str, Any] | None:
     return json.loads(data) if data.strip() else None
 
 
-def _child_main(server: "_Server", request_fd: int, result_fd: int, spare: bool) -> None:
+def _child_main(server: "_Server", request_fd: int, result_fd: int, spare: bool, own_dir: str | None) -> None:
     """Body of a forked child: lock down, wait for a request, confine to its directory, run it, report
-    on fd 3. Never returns. All but the last Landlock step happen before the request, off its clock."""
+    on fd 3. Never returns. All but the last Landlock step happen before the request, off its clock;
+    a spare handed to the caller has a directory of its own (`own_dir`) and takes that step too."""
     os.setpgid(0, 0)  # own process group: the helper kills the group on timeout
     setup_error: BaseException | None = None
     try:
@@ -556,6 +350,9 @@ def _child_main(server: "_Server", request_fd: int, result_fd: int, spare: bool)
         server.lockdown.prepare(server.pid)
         if spare:  # a child forked for a waiting request skips it: that would be on the request's clock
             _warm_up(server.warm_db)
+        if own_dir is not None:  # a spare for the caller: its request's links will appear in its own dir
+            server.lockdown.confine(ruleset_fd, own_dir)
+            ruleset_fd = -1
     except BaseException as exc:
         setup_error = setup_error or exc
     request = _read_request()
@@ -598,6 +395,16 @@ class _Child:
     pid: int
     request_fd: int  # the helper writes one request here and closes it
     result_fd: int  # the child's answer; end of file once it exits
+    own_dir: str | None = None  # a spare for the caller: where its request's databases get linked
+
+
+@dataclasses.dataclass
+class _Handed:
+    """A spare handed to the caller (`hand_spares`): the helper keeps only a pidfd, to reap it when it ends."""
+
+    pid: int
+    pidfd: int
+    own_dir: str
 
 
 @dataclasses.dataclass
@@ -640,6 +447,55 @@ def remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def timeout_reply(timeout_s: float) -> dict[str, Any]:
+    return {"status": "timeout", "detail": f"verifier ran past its {timeout_s:g} s wall-clock limit and was killed"}
+
+
+def read_result(output: bytearray, chunk: bytes) -> tuple[bool, dict[str, Any] | None]:
+    """Take one read from a child's result pipe into `output`: (finished, reply); finished with no reply
+    means the child ended without one (its exit status tells why). The child ends its message with a
+    newline (JSON has none inside): answering there, not at the end of file, saves a second wake-up."""
+    if chunk and len(output) + len(chunk) <= _MAX_RESULT_BYTES:
+        output += chunk
+        reply = _reply_from_output(bytes(output)) if chunk.endswith(b"\n") else None
+        return reply is not None, reply
+    if chunk:
+        return True, {"status": "error", "detail": f"verifier result is larger than {_MAX_RESULT_BYTES} bytes"}
+    return True, _reply_from_output(bytes(output))
+
+
+class CompiledForms:
+    """Verifier source -> its compiled form (marshal, base64), the least recently used dropped past
+    `_COMPILED_KEPT`. A verifier runs once per episode of its task, and compiling costs 0.5-1 ms; the
+    child that first runs one hands its form back, taken before the verifier's own code runs. Whoever
+    keeps the forms (the helper, or a caller that talks to children directly) never loads them."""
+
+    def __init__(self) -> None:
+        self._forms: dict[str, str] = {}
+        self._lock = threading.Lock()  # a caller's threads share one
+
+    def request_fields(self, code: Any) -> dict[str, Any]:
+        """What a request carries: the kept form, or a wish for one."""
+        with self._lock:
+            form = self._forms.pop(code, None) if isinstance(code, str) else None
+            if form is not None:
+                self._forms[code] = form  # most recently used last
+        return {"compiled": form} if form else {"want_compiled": isinstance(code, str)}
+
+    def keep(self, code: str, form: Any) -> None:
+        if not isinstance(form, str) or not form:
+            return
+        with self._lock:
+            self._forms[code] = form
+            while len(self._forms) > _COMPILED_KEPT:
+                del self._forms[next(iter(self._forms))]
+
+
+def request_payload(request: dict[str, Any], fields: dict[str, Any], reqdir: str, initial: str, final: str) -> bytes:
+    """The JSON line a child reads on its request pipe."""
+    return (json.dumps({**request, **fields, "dir": reqdir, "initial": initial, "final": final}) + "\n").encode()
+
+
 def _reply_from_output(output: bytes) -> dict[str, Any] | None:
     """The reply a child's result message makes, or None when it left none."""
     try:
@@ -672,8 +528,9 @@ class _Server:
         self.pid = os.getpid()
         self.workdir = settings["workdir"]
         self.lockdown = Lockdown(())  # children add their own request directory (`Lockdown.confine`)
+        self.link = bool(settings.get("link_databases", True)) and self.lockdown.guards_linked_files
         self.warm_db = os.path.join(self.workdir, "probe.db")
-        self.compiled: dict[str, str] = {}  # verifier source -> its compiled form (marshal, base64)
+        self.compiled = CompiledForms()
         _make_probe_db(self.warm_db)
         for name in _PRELOADED:
             __import__(name)
@@ -684,6 +541,16 @@ class _Server:
         self.jobs: dict[int, _Job] = {}
         self.spares: deque[_Child] = deque()
         self.dying: list[int] = []  # killed children not reaped yet
+        # Spares handed to the caller, which writes a request to one and reads its result itself: two
+        # wake-ups (child, caller) instead of five. Only where Landlock and seccomp guard links (the caller
+        # links what it can into the spare's directory, and copies the rest there).
+        handover = settings.get("handover_fd")
+        self.handover = socket.socket(fileno=handover) if isinstance(handover, int) else None
+        self.hand = self.handover is not None and self.link and hasattr(os, "pidfd_open")
+        self.spare_ids = itertools.count()
+        self.handed: dict[int, _Handed] = {}  # pid -> handed spare, until it ends and is reaped
+        self.exited: dict[int, int] = {}  # pid -> wait status of ended handed spares (the newest few)
+        self.awaiting: dict[int, int] = {}  # pid -> id of a status request that waits for it to end
 
     def self_test(self) -> str:
         """Run the probe verifier under the full lockdown; return "" or what went wrong."""
@@ -707,7 +574,11 @@ class _Server:
                 break
             job.output += chunk
         del self.jobs[fd]
-        reply = _reply_from_output(bytes(job.output)) or _reply_from_status(self._reap(job.child))
+        reply = _reply_from_output(bytes(job.output))
+        if reply is None:
+            reply = _reply_from_status(self._reap(job.child))
+        else:
+            self._retire(job.child)  # reaped by the loop: it was left a zombie for the helper's life
         remove_tree(job.reqdir)
         return "" if reply.get("value") == {"result": "complete"} else reply.get("detail") or "no answer"
 
@@ -733,12 +604,18 @@ class _Server:
             if self.dying:
                 wake.append(time.monotonic() + _REAP_INTERVAL_S)
             timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
-            if not self.queue and not self.jobs and len(self.spares) < self.settings["spare_children"]:
+            waiting = len(self.handed) if self.hand else len(self.spares)
+            if not self.queue and not self.jobs and waiting < self.settings["spare_children"]:
                 # Only while no verifier runs: under load a spare's setup would compete with them for
                 # CPU (and a busy helper forks per request anyway). One fork per turn, so a request
                 # that arrives meanwhile waits for one fork at most.
                 try:
-                    self.spares.append(self._fork(spare=True))
+                    own_dir = os.path.join(self.workdir, f"spare-{next(self.spare_ids)}") if self.hand else None
+                    child = self._fork(spare=True, own_dir=own_dir)
+                    if self.hand:
+                        self._hand_over(child)
+                    else:
+                        self.spares.append(child)
                     timeout = 0.0
                 except OSError:
                     pass  # out of processes or memory: a request forks its own child when it comes
@@ -749,13 +626,14 @@ class _Server:
                         return
                 elif isinstance(key.data, _Job):
                     self._read_child(key.data)
+                elif isinstance(key.data, _Handed):
+                    self._reap_handed(key.data)
                 else:
                     self._drop_spare(key.data)
             self._collect_dying()
             now = time.monotonic()
             for job in [job for job in self.jobs.values() if job.deadline <= now]:
-                detail = f"verifier ran past its {job.timeout_s:g} s wall-clock limit and was killed"
-                self._finish(job, {"status": "timeout", "detail": detail})
+                self._finish(job, timeout_reply(job.timeout_s))
 
     def _read_requests(self) -> bool:
         chunk = os.read(0, 1 << 20)
@@ -765,11 +643,66 @@ class _Server:
         *lines, rest = bytes(self.inbox).split(b"\n")
         self.inbox = bytearray(rest)
         now = time.monotonic()
-        self.queue.extend({**json.loads(line), "queued_at": now} for line in lines if line.strip())
+        for request in (json.loads(line) for line in lines if line.strip()):
+            if request.get("mode") == "status":
+                self._answer_status(request["id"], request["pid"])
+            else:
+                self.queue.append({**request, "queued_at": now})
         return True
 
-    def _fork(self, spare: bool) -> _Child:
-        """A new child that locks itself down and waits on its request pipe (raises OSError if fork fails)."""
+    def _hand_over(self, child: _Child) -> None:
+        """Pass a new spare's request and result pipes and a pidfd to the caller (SCM_RIGHTS); keep a pidfd."""
+        self.selector.unregister(child.result_fd)
+        try:
+            pidfd = os.pidfd_open(child.pid)
+            try:
+                socket.send_fds(self.handover, [json.dumps({"pid": child.pid, "dir": child.own_dir}).encode()],
+                                [child.request_fd, child.result_fd, pidfd])
+            except OSError:
+                os.close(pidfd)
+                raise
+        except OSError:  # the caller stopped taking spares: serve every request here from now on
+            self.hand = False
+            os.close(child.request_fd)
+            self._reap(child)
+            remove_tree(child.own_dir)
+            return
+        os.close(child.request_fd)  # the caller's copies are the only ones now
+        os.close(child.result_fd)
+        handed = _Handed(child.pid, pidfd, child.own_dir)
+        self.handed[child.pid] = handed
+        self.selector.register(pidfd, selectors.EVENT_READ, handed)
+
+    def _reap_handed(self, handed: _Handed) -> None:
+        """A handed spare ended (served its request, killed, or died waiting): reap it, keep its status."""
+        self.selector.unregister(handed.pidfd)
+        os.close(handed.pidfd)
+        del self.handed[handed.pid]
+        kill_group(handed.pid)  # anything left in its process group
+        _, status = os.waitpid(handed.pid, 0)
+        remove_tree(handed.own_dir)
+        request_id = self.awaiting.pop(handed.pid, None)
+        if request_id is not None:
+            self._answer(request_id, _reply_from_status(status))
+            return
+        self.exited[handed.pid] = status
+        while len(self.exited) > 4 * max(1, self.settings["spare_children"]):
+            del self.exited[next(iter(self.exited))]
+
+    def _answer_status(self, request_id: int, pid: int) -> None:
+        """Why a handed spare ended without a result (the caller saw its pipe close): now, or once reaped."""
+        if pid in self.exited:
+            self._answer(request_id, _reply_from_status(self.exited.pop(pid)))
+        elif pid in self.handed:
+            self.awaiting[pid] = request_id
+        else:
+            self._answer(request_id, {"status": "error", "detail": f"verifier process {pid} is unknown to the helper"})
+
+    def _fork(self, spare: bool, own_dir: str | None = None) -> _Child:
+        """A new child that locks itself down and waits on its request pipe (raises OSError if fork fails);
+        with `own_dir`, a directory made for it that its Landlock rules let it read."""
+        if own_dir is not None:
+            os.mkdir(own_dir, 0o700)
         request_read, request_write = os.pipe()
         result_read, result_write = os.pipe()
         try:
@@ -777,15 +710,17 @@ class _Server:
         except OSError:
             for fd in (request_read, request_write, result_read, result_write):
                 os.close(fd)
+            if own_dir is not None:
+                os.rmdir(own_dir)
             raise
         if pid == 0:
             try:
-                _child_main(self, request_read, result_write, spare)
+                _child_main(self, request_read, result_write, spare, own_dir)
             finally:
                 os._exit(70)
         os.close(request_read)
         os.close(result_write)
-        child = _Child(pid, request_write, result_read)
+        child = _Child(pid, request_write, result_read, own_dir)
         self.selector.register(result_read, selectors.EVENT_READ, child)  # a spare that dies is noticed
         return child
 
@@ -821,17 +756,15 @@ class _Server:
         """Snapshot the request's databases and hand it to a waiting child (a new one if none waits)."""
         reqdir = os.path.join(self.workdir, f"req-{request['id']}")
         try:
-            initial, final = _snapshot_databases(request, reqdir)
+            os.mkdir(reqdir, 0o700)
+            initial, final, _ = place_databases(request, reqdir, link=self.link)
+            os.chmod(reqdir, 0o555)
         except Exception as exc:
             remove_tree(reqdir)
             self._answer(request["id"], {"status": "error", "detail": f"could not snapshot the databases: {exc}"})
             return None
-        code = request.get("code")
-        compiled = self.compiled.pop(code, None) if isinstance(code, str) else None
-        if compiled is not None:
-            self.compiled[code] = compiled  # most recently used last
-        cache = {"compiled": compiled} if compiled else {"want_compiled": isinstance(code, str)}
-        payload = (json.dumps({**request, **cache, "dir": reqdir, "initial": initial, "final": final}) + "\n").encode()
+        fields = self.compiled.request_fields(request.get("code"))
+        payload = request_payload(request, fields, reqdir, initial, final)
         for _ in range(3):  # a spare may have died since the loop last looked
             try:
                 child = self.spares.popleft() if self.spares else self._fork(spare=False)
@@ -853,27 +786,15 @@ class _Server:
             return None
         now = time.monotonic()
         job = _Job(request["id"], child, now + request["timeout_s"], request["timeout_s"], reqdir,
-                   code if compiled is None and isinstance(code, str) else None)
+                   request["code"] if fields.get("want_compiled") else None)
         self.jobs[child.result_fd] = job
         self.selector.modify(child.result_fd, selectors.EVENT_READ, job)
         return job
 
     def _read_child(self, job: _Job) -> None:
-        chunk = os.read(job.child.result_fd, 1 << 16)
-        if chunk and len(job.output) + len(chunk) <= _MAX_RESULT_BYTES:
-            job.output += chunk
-            # The child ends its message with a newline (JSON has none inside): answer now, not
-            # at the end of file, which would cost the helper a second wake-up.
-            reply = _reply_from_output(bytes(job.output)) if chunk.endswith(b"\n") else None
-            if reply is not None:
-                self._finish(job, reply)
-        elif chunk:
-            self._finish(
-                job,
-                {"status": "error", "detail": f"verifier result is larger than {_MAX_RESULT_BYTES} bytes"},
-            )
-        else:
-            self._finish(job, _reply_from_output(bytes(job.output)))
+        finished, reply = read_result(job.output, os.read(job.child.result_fd, 1 << 16))
+        if finished:
+            self._finish(job, reply)
 
     def _finish(self, job: _Job, reply: dict[str, Any] | None) -> None:
         """Answer (first, when the reply is known: the caller waits on it), then reap the child and clean up."""
@@ -882,10 +803,8 @@ class _Server:
         if reply is not None:
             compiled = reply.pop("compiled", None)
             self._answer(job.request_id, reply)
-            if compiled and job.code is not None:
-                self.compiled[job.code] = compiled
-                while len(self.compiled) > _COMPILED_KEPT:
-                    del self.compiled[next(iter(self.compiled))]
+            if job.code is not None:
+                self.compiled.keep(job.code, compiled)
             self._retire(job.child)
         else:
             self._answer(job.request_id, _reply_from_status(self._reap(job.child)))
@@ -897,6 +816,8 @@ class _Server:
         for child in self.spares:
             os.close(child.request_fd)
             self._reap(child)
+        for handed in list(self.handed.values()):
+            self._reap_handed(handed)
         for pid in self.dying:
             os.waitpid(pid, 0)
         remove_tree(self.workdir)
@@ -922,7 +843,9 @@ def _helper_main(config: str) -> None:
     server = _Server(settings)
     gc.freeze()  # keep the warm heap shared with children instead of copied by the collector
     failure = server.self_test()
-    _write_line(1, {"pid": server.pid, "protections": server.lockdown.describe(), "self_test": failure})
+    hello = {"pid": server.pid, "protections": server.lockdown.describe(), "self_test": failure,
+             "linked_databases": server.link, "hands_spares": server.hand}
+    _write_line(1, hello)
     if not failure:
         server.serve()
 

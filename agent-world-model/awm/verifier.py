@@ -3,10 +3,12 @@
 Upstream AWM `exec`s verifier code in the caller with full builtins, no timeout and the real DB
 files (chmod 0444 is its only guard), so one bad verifier hangs or poisons a trainer. Here a warm
 helper process (`python -I`, allow-listed environment) runs each request in a child of its own,
-forked and locked down ahead of demand; the child works on private read-only copies of the two
-databases under resource limits and, where the kernel offers them, Landlock (read-only allow-list:
-its own request's copies, no exec, no TCP, no signals out), a seccomp filter (no fork), dropped
-capabilities (root) and a network namespace. The helper kills a child at its wall-clock deadline.
+forked and locked down ahead of demand; the child works on the two databases (hard links where
+Landlock and seccomp keep it from changing them, else private read-only copies) under resource
+limits and, where the kernel offers them, Landlock (read-only allow-list: its own request's
+databases, no exec, no TCP, no signals out), a seccomp filter (no fork, no chmod), dropped
+capabilities (root) and a network namespace. A child's wall-clock deadline is enforced by the helper,
+or by this process where it wrote the request to the child itself (`awm.spares`).
 
 The helper's side (the lockdown, the limits, the forking loop) lives in `awm.sandbox`; this module
 starts it, talks to it over pipes and turns its replies into verdicts.
@@ -19,6 +21,7 @@ import json
 import os
 import re
 import select
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +30,16 @@ import time
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from awm.sandbox import HELPER_SCRIPT, describe_exit, kill_group, remove_tree
+from awm.sandbox import (
+    HELPER_SCRIPT,
+    CompiledForms,
+    describe_exit,
+    kill_group,
+    place_databases,
+    remove_tree,
+    request_payload,
+)
+from awm.spares import Spare, SparePool
 
 CODE_VERDICTS = ("complete", "others", "judge_error", "timeout")
 SQL_VERDICTS = ("complete", "incomplete", "agent_error", "server_error", "judge_error", "timeout")
@@ -85,6 +97,19 @@ class SandboxRun:
     value_type: str = ""  # the Python type name of the value before it was made JSON-safe
     detail: str = ""
     elapsed_s: float = 0.0
+
+
+@dataclasses.dataclass
+class SandboxStats:
+    """How a sandbox's requests reached their children, so tests and benchmarks can tell the paths
+    apart: `direct` ones were written by this process to a spare the helper handed over, with their
+    databases placed in its directory (`linked` and `copied` count those files); the rest went
+    `through_helper`, which places their databases itself."""
+
+    direct: int = 0
+    through_helper: int = 0
+    linked: int = 0
+    copied: int = 0
 
 
 class SandboxError(RuntimeError):
@@ -153,14 +178,39 @@ def _resolve(future: Future, reply: dict) -> None:
         pass
 
 
+@dataclasses.dataclass
+class _Direct:
+    """A request written straight to a spare the helper handed over (`awm.spares`)."""
+
+    helper: "_Helper"
+    spare: Spare
+    request: dict[str, Any]
+    wants_form: bool  # the child hands back the verifier's compiled form for the caller to keep
+    linked: int  # of the two databases, how many the caller linked into the spare's directory (the rest: copied)
+
+    def finish(self, reply: dict[str, Any] | None) -> dict[str, Any] | Future:
+        """The reply, or (the child ended without one) the helper's answer on how it ended. The helper
+        removes the spare's directory and the links in it when it reaps the child."""
+        if reply is None:
+            return self.helper.status(self.request["id"], self.spare.pid)
+        form = reply.pop("compiled", None)
+        if self.wants_form:
+            self.helper.compiled.keep(self.request["code"], form)
+        return reply
+
+
 class _Helper:
     """One helper process, its private directory and the requests it has in flight."""
 
-    def __init__(self, settings: dict[str, Any], start_timeout_s: float) -> None:
-        self.workdir = tempfile.mkdtemp(prefix="awm-verifier-")
+    def __init__(self, settings: dict[str, Any], start_timeout_s: float, workdir_parent: str | None) -> None:
+        self.workdir = tempfile.mkdtemp(prefix="awm-verifier-", dir=workdir_parent)
         env = {key: os.environ[key] for key in _ENV_ALLOWLIST if key in os.environ}
         env.update(_ENV_FIXED, HOME=self.workdir)
-        config = json.dumps({**settings, "workdir": self.workdir})
+        # The helper hands its spares over on this socket (`awm.spares`), where it can.
+        pair = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if settings["hand_spares"] else None
+        ours, theirs = pair if pair is not None else (None, None)
+        handover = {"handover_fd": theirs.fileno()} if theirs is not None else {}
+        config = json.dumps({**settings, **handover, "workdir": self.workdir})
         self.proc = subprocess.Popen(
             [sys.executable, "-I", HELPER_SCRIPT, config],
             stdin=subprocess.PIPE,
@@ -168,24 +218,38 @@ class _Helper:
             cwd=self.workdir,
             env=env,
             start_new_session=True,  # own process group: close() kills it as a whole
+            pass_fds=(theirs.fileno(),) if theirs is not None else (),
         )
+        if theirs is not None:
+            theirs.close()
         self.pending: dict[int, Future] = {}
         self.lock = threading.Lock()  # guards pending and alive; never held while blocking on a pipe
         self.write_lock = threading.Lock()
         self.alive = True
         self.stopping = False
-        self.protections = self._read_hello(start_timeout_s)
+        self.pool: SparePool | None = None
+        self.compiled = CompiledForms()  # for requests written to spares directly
+        try:
+            self.protections, hands_spares = self._read_hello(start_timeout_s)
+        except SandboxError:
+            if ours is not None:
+                ours.close()
+            raise
+        if ours is not None and hands_spares:
+            self.pool = SparePool(ours)
+        elif ours is not None:
+            ours.close()
         self.reader = threading.Thread(
             target=self._read_replies, name=f"awm-verifier-{self.proc.pid}", daemon=True
         )
         self.reader.start()
 
-    def _read_hello(self, timeout_s: float) -> dict[str, Any]:
+    def _read_hello(self, timeout_s: float) -> tuple[dict[str, Any], bool]:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
         line = self.proc.stdout.readline() if ready else b""
         try:
             hello = json.loads(line)
-            protections, failure = hello["protections"], hello["self_test"]
+            protections, failure, hands_spares = hello["protections"], hello["self_test"], hello["hands_spares"]
         except (ValueError, KeyError, TypeError):
             self._kill()
             raise SandboxError(
@@ -198,7 +262,39 @@ class _Helper:
                 f"verifier sandbox failed its self-test (a probe verifier under the same limits and "
                 f"lockdown): {failure}; raise memory_bytes if it ran out of memory, else report this error"
             )
-        return protections
+        return protections, bool(hands_spares)
+
+    def start_direct(self, request: dict[str, Any]) -> _Direct | None:
+        """Place the request's databases in a handed-over spare's directory (a link where the file is on
+        its filesystem and complete in itself, else a copy) and write the request to the spare; None:
+        send it to the helper (no spare waiting, or it died, or a database could not be placed)."""
+        if self.pool is None:
+            return None
+        fields = self.compiled.request_fields(request["code"])
+        while (spare := self.pool.take()) is not None:
+            try:  # a helper hands spares over only where Landlock and seccomp guard links
+                placed = place_databases(request, spare.dir, link=True)
+            except Exception:  # the spare died (its directory is gone) or a database did: the
+                spare.retire()  # helper's path gives the answer it always gave
+                return None
+            if spare.send(request_payload(request, fields, spare.dir, placed.initial, placed.final)):
+                return _Direct(self, spare, request, bool(fields.get("want_compiled")), placed.linked)
+        return None
+
+    def status(self, request_id: int, pid: int) -> Future:
+        """Ask the helper how a handed-over child ended (it reaps them): a timeout by CPU limit, a crash."""
+        try:
+            return self.send({"id": request_id, "mode": "status", "pid": pid})
+        except _HelperGone:
+            future: Future = Future()
+            future.set_result({"status": "error", "detail": self._gone_detail(self.proc.poll())})
+            return future
+
+    def _gone_detail(self, code: int | None) -> str:
+        if self.stopping:
+            return "the verifier sandbox was closed while this verifier ran"
+        how = f" ({describe_exit(code)})" if code is not None else ""
+        return f"the verifier sandbox helper died{how} while this verifier ran; it restarts on the next call"
 
     def send(self, request: dict[str, Any]) -> Future:
         future: Future = Future()
@@ -233,15 +329,11 @@ class _Helper:
         with self.lock:
             self.alive = False
             orphans, self.pending = self.pending, {}
-        if self.stopping:
-            detail = "the verifier sandbox was closed while this verifier ran"
-        else:
-            detail = (
-                f"the verifier sandbox helper died ({describe_exit(code)}) while this verifier ran; "
-                "it restarts on the next call"
-            )
+        detail = self._gone_detail(code)
         for future in orphans.values():
             _resolve(future, {"status": "error", "detail": detail})
+        if self.pool is not None:
+            self.pool.close()  # its spares died with the helper
         remove_tree(self.workdir)
 
     def _kill(self) -> None:
@@ -262,6 +354,8 @@ class _Helper:
         except subprocess.TimeoutExpired:
             self._kill()
         self.reader.join(timeout=grace_s)
+        if self.pool is not None:
+            self.pool.close()
         if not self.reader.is_alive():
             self.proc.stdout.close()  # the reply pipe: nobody reads it any more
 
@@ -270,6 +364,13 @@ class VerifierSandbox:
     """Runs verifier code in forked children of one long-lived, isolated helper process.
 
     `spare_children` children wait forked and locked down for the next requests (0: fork per request).
+    Where the kernel's Landlock (ABI 3+) and seccomp can keep a child from changing the databases, it
+    reads hard links to them instead of copies (`link_databases=False` copies anyway, as kernels
+    without Landlock always do), and the helper hands its spares to this process, which places the
+    databases and writes requests to them and reads their results itself (`direct=False`: every
+    request through the helper). A link cannot cross filesystems, so put the helper's directory
+    (`workdir_parent`, default the temp dir) on the filesystem of the databases verified most (an
+    episode's); a database elsewhere is copied. `stats` counts the requests by path.
     Thread-safe; `averify` lets many verifications run at once (the helper runs up to
     `max_workers` children in parallel and queues the rest; a request's timeout starts when its
     child starts, and a request queued past a short grace gets an overflow child, so verifiers that
@@ -285,6 +386,9 @@ class VerifierSandbox:
         max_open_files: int = 64,
         spare_children: int = 2,
         start_timeout_s: float = 30.0,
+        link_databases: bool = True,
+        direct: bool = True,
+        workdir_parent: str | os.PathLike[str] | None = None,
     ) -> None:
         if not hasattr(os, "fork"):
             raise SandboxError(
@@ -295,9 +399,14 @@ class VerifierSandbox:
             "max_workers": int(max_workers or max(4, 2 * (os.cpu_count() or 2))),
             "max_open_files": int(max_open_files),
             "spare_children": max(0, int(spare_children)),
+            "link_databases": bool(link_databases),
+            "hand_spares": bool(direct and link_databases and spare_children > 0),
         }
         self._start_timeout_s = start_timeout_s
+        self._workdir_parent = os.fspath(workdir_parent) if workdir_parent is not None else None
         self._lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._stats = SandboxStats()
         self._helper: _Helper | None = None
         self._closed = False
         self._ids = itertools.count()
@@ -313,12 +422,27 @@ class VerifierSandbox:
         """The kernel protections in force: network_isolated, landlock_abi, seccomp_no_fork, capabilities_dropped, uid."""
         return dict(self._current_helper().protections)
 
+    @property
+    def stats(self) -> SandboxStats:
+        """A copy of the counts of requests by path since this sandbox was made."""
+        with self._stats_lock:
+            return dataclasses.replace(self._stats)
+
+    def _count(self, direct: _Direct | None) -> None:
+        with self._stats_lock:
+            if direct is None:
+                self._stats.through_helper += 1
+            else:
+                self._stats.direct += 1
+                self._stats.linked += direct.linked
+                self._stats.copied += 2 - direct.linked
+
     def _current_helper(self) -> _Helper:
         with self._lock:
             if self._closed:
                 raise SandboxError("this VerifierSandbox is closed; create a new one")
             if self._helper is None or not self._helper.alive:
-                self._helper = _Helper(self._settings, self._start_timeout_s)
+                self._helper = _Helper(self._settings, self._start_timeout_s, self._workdir_parent)
             return self._helper
 
     def _submit(self, request: dict[str, Any]) -> Future:
@@ -378,7 +502,14 @@ class VerifierSandbox:
         request = self._request(code, initial_db, final_db, mode, final_answer, timeout_s)
         if isinstance(request, SandboxRun):
             return request
-        reply = self._submit(request).result()
+        direct = self._current_helper().start_direct(request)
+        self._count(direct)
+        if direct is None:
+            reply = self._submit(request).result()
+        else:
+            reply = direct.finish(direct.spare.wait(request["timeout_s"]))
+            if isinstance(reply, Future):
+                reply = reply.result()
         return _run_from_reply(reply, time.monotonic() - started)
 
     async def arun(
@@ -398,7 +529,14 @@ class VerifierSandbox:
             return request
         if self.helper_pid is None:  # starting the helper takes tens of ms: not on the loop
             await asyncio.to_thread(self._current_helper)
-        reply = await asyncio.wrap_future(self._submit(request))
+        direct = self._current_helper().start_direct(request)
+        self._count(direct)
+        if direct is None:
+            reply = await asyncio.wrap_future(self._submit(request))
+        else:
+            reply = direct.finish(await direct.spare.await_reply(request["timeout_s"]))
+            if isinstance(reply, Future):
+                reply = await asyncio.wrap_future(reply)
         return _run_from_reply(reply, time.monotonic() - started)
 
     def verify(

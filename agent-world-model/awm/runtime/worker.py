@@ -2,7 +2,7 @@
 
 Started by `awm.runtime.pool.WorkerPool` as `python -m awm.runtime.worker <fd> <config>` with an allow-listed
 environment (generated code never sees API keys). Before serving, the worker locks itself down
-with the verifier sandbox's pieces (`awm.sandbox.Lockdown`): generated code runs in a process
+with the verifier sandbox's pieces (`awm.lockdown.Lockdown`): generated code runs in a process
 with no network, no capabilities, no new processes (threads only), no sockets, no ptrace, and,
 by Landlock, read access to the interpreter, libraries and scenario templates only (no /proc, so
 no other process's environment or memory) and write access to this worker's own directory only. Requests arrive over a socket as
@@ -30,11 +30,11 @@ import tempfile
 import traceback
 from typing import Any
 
+from awm.lockdown import Lockdown
 from awm.runtime import wire
 from awm.runtime.deadline import CallDeadline
 from awm.runtime.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env, unload_env
 from awm.runtime.isolation import cancel_new_tasks, route_sqlite_connect
-from awm.sandbox import Lockdown
 
 log = logging.getLogger("awm.runtime.worker")
 
