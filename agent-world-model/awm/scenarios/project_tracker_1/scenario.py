@@ -852,6 +852,15 @@ if not unchanged("users", "projects", "project_members", "labels", "comments"):
     return {"result": "others"}
 return {"result": "complete"}
 '''
+# the end of a priority check: issues in `new` (id -> priority) changed to it, every other issue and link unchanged
+_PRIORITIES_SET = '''
+for k, row in before.items():
+    expected = row[:5] + (new[k],) + row[6:] if k in new else row
+    if after[k] != expected:
+        return {"result": "others"}
+if links(initial_db_path) != links(final_db_path):
+    return {"result": "others"}
+''' + _OTHERS_UNCHANGED
 
 FAMILIES = [
     {
@@ -936,13 +945,8 @@ return {"result": "complete"}
 before, after = issues(initial_db_path), issues(final_db_path)
 if set(before) != set(after) or before[P["issue_id"]][5] != P["priority"]:
     return {"result": "others"}
-for k, row in before.items():
-    expected = row[:5] + (P["new_priority"],) + row[6:] if k == P["issue_id"] else row
-    if after[k] != expected:
-        return {"result": "others"}
-if links(initial_db_path) != links(final_db_path):
-    return {"result": "others"}
-''' + _OTHERS_UNCHANGED,
+new = {P["issue_id"]: P["new_priority"]}
+''' + _PRIORITIES_SET,
         "solution": {"calls": [{"tool": "search_issues", "arguments": {"query": "{title}"}},
                                {"tool": "update_issue", "arguments": {"issue_id": "{issue_id}",
                                                                       "priority": "{new_priority}"}}],
@@ -971,13 +975,7 @@ before, after = issues(initial_db_path), issues(final_db_path)
 if set(before) != set(after):
     return {"result": "others"}
 new = {P["issue_id"]: P["new_priority"], P["issue_id2"]: P["new_priority2"]}
-for k, row in before.items():
-    expected = row[:5] + (new[k],) + row[6:] if k in new else row
-    if after[k] != expected:
-        return {"result": "others"}
-if links(initial_db_path) != links(final_db_path):
-    return {"result": "others"}
-''' + _OTHERS_UNCHANGED,
+''' + _PRIORITIES_SET,
         "solution": {"calls": [{"tool": "search_issues", "arguments": {"query": "{title}"}},
                                {"tool": "update_issue", "arguments": {"issue_id": "{issue_id}",
                                                                       "priority": "{new_priority}"}},
