@@ -97,3 +97,33 @@ def test_every_handover_shows_the_agent_s_own_wrong_write_and_a_second_write_rep
         asyncio.run(all_checks())
     finally:
         runtime.close()
+
+
+def test_every_companion_instance_is_solved_by_its_reference_and_not_by_the_untouched_db(built):
+    """The testbed-only families are not in the practice set, so tests/awm/test_families.py never replays them."""
+    from awm.episode import EnvRuntime
+    from awm.solutions import load_solutions
+
+    sols = {k: s for k, s in load_solutions(str(built / "data")).items()
+            if s.family in testbed.COMPANION_FAMILIES.values()}
+    assert len({s.family for s in sols.values()}) == 3 and len(sols) >= 30
+    runtime = EnvRuntime(str(built / "data"), num_workers=1)
+
+    async def replay_all() -> list[str]:
+        bad = []
+        for (scenario, idx), sol in sorted(sols.items()):
+            async with await runtime.open(scenario, idx) as ep:
+                if (await ep.verify(sol.final_answer)).verdict == "complete":
+                    bad.append(f"{scenario}/{idx}: complete untouched")
+                for call in sol.calls:
+                    obs = await ep.call(call["tool"], call["arguments"])
+                    if obs.is_error:
+                        bad.append(f"{scenario}/{idx}: {call['tool']} failed: {obs.text[:200]}")
+                if (await ep.verify(sol.final_answer)).verdict != "complete":
+                    bad.append(f"{scenario}/{idx}: reference not accepted")
+        return bad
+
+    try:
+        assert asyncio.run(replay_all()) == []
+    finally:
+        runtime.close()
