@@ -158,7 +158,9 @@ def plot(out: Path, curves: dict[str, dict[str, list[dict[int, float]]]],
             ax.plot(steps, [sum(v) / len(v) for v in vals], label=arm)
             ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], alpha=0.15)
         ax.set_xlabel("training step")
-        ax.set_ylabel(f"success, {kind} training episodes (moving mean)")
+        ax.set_ylabel("training success (moving mean)")
+        ax.set_title({"recovery": "episodes from damaged states (handovers)",
+                      "ordinary": "episodes from initial states"}.get(kind, kind), fontsize=9)
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
