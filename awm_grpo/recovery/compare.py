@@ -349,7 +349,8 @@ def write_report(out: Path, results: dict[str, Any]) -> None:
         items.setdefault(name, []).append(run["handovers"])
     table = summarize(metrics)
     tests = paired_tests(metrics, items)
-    curves = run_curves(out, results["arms"], results["seeds"])
+    ran = [arm for arm in results["arms"] if arm in metrics]  # an interrupted comparison: the arms it reached
+    curves = run_curves(out, ran, results["seeds"])
     results.update(table=table, tests=tests, by_task_type={n: recovery_split.summarize(r) for n, r in metrics.items()},
                    curves={kind: {a: [{str(k): v for k, v in c.items()} for c in cs] for a, cs in by_arm.items()}
                            for kind, by_arm in curves.items()})
