@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from awm.data import read_jsonl
 
 from awm_grpo.launch.job import PLUGINS
 from awm_grpo.launch.processes import Children
@@ -126,7 +127,7 @@ def final_model(run_dir: Path, base: Path) -> Path:
 
 
 def _prompt_rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_jsonl(path) if path.exists() else []
 
 
 def held_out_tasks(which: str, splits_dir: Path = SPLITS) -> set[tuple[str, int]] | None:
@@ -271,10 +272,7 @@ class Evaluation:
                   "max_response_len": o.max_response_len, "limit": o.eval_limit}
         metrics, records = recovery_split.evaluate(self.split, tasks=self.tasks, **common)
         if self.ordinary is not None:
-            manifest = json.loads((self.split / "manifest.json").read_text())
-            ordinary, _ = recovery_split.play(self.ordinary, predicates=self.split / "predicates.jsonl",
-                                              tool_mode=manifest.get("tool_mode", "meta"),
-                                              data_dir=manifest.get("data_dir"), **common)
+            ordinary, _ = recovery_split.play_like(self.split, self.ordinary, **common)
             metrics.setdefault("all", {})["SR_ordinary"] = (ordinary.get("all") or {}).get("SR")
         self.runs[f"{name}/seed{seed}"] = {"metrics": metrics, "eval_s": round(time.perf_counter() - started, 1),
                                            "handovers": report.per_item_success(records)}
@@ -291,15 +289,7 @@ def _rate(metrics: dict[str, Any], key: str) -> str:
 
 def summarize(per_policy: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, tuple[float, float, int]]]:
     """Policy -> metric -> (mean, std over seeds, seeds with a value), over all task types."""
-    out = {}
-    for name, runs in per_policy.items():
-        out[name] = {}
-        for key in TABLE_METRICS:
-            vals = [m["all"][key]["rate"] for m in runs if isinstance((m.get("all") or {}).get(key), dict)
-                    and m["all"][key]["rate"] is not None]
-            mean, std = report.mean_std(vals)
-            out[name][key] = (mean, std, len(vals))
-    return out
+    return {name: recovery_split.summarize(runs, TABLE_METRICS).get("all", {}) for name, runs in per_policy.items()}
 
 
 def paired_tests(metrics: dict[str, list[dict[str, Any]]],

@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import shutil
 import sys
 import tempfile
@@ -262,27 +261,34 @@ def evaluate(split_dir: str | Path, *, model: str | None, engine_url: str | None
              limit: int = 0, tasks: set[tuple[str, int]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Play the policy from every handover: (recovery metrics by task type, trace records)."""
     split_dir = Path(split_dir)
-    manifest = json.loads((split_dir / "manifest.json").read_text())
     with tempfile.TemporaryDirectory(prefix="awm-recovery-split-") as tmp:
         split = resolved_split(split_dir, Path(tmp) / "split.jsonl", tasks)
-        return play(split, predicates=split_dir / "predicates.jsonl", tool_mode=manifest.get("tool_mode", "meta"),
-                    data_dir=manifest.get("data_dir"), model=model, engine_url=engine_url, seed=seed, n=n,
-                    temperature=temperature, max_response_len=max_response_len, max_turns=max_turns,
-                    max_tokens_per_turn=max_tokens_per_turn, max_observation_tokens=max_observation_tokens,
-                    concurrency=concurrency, limit=limit)
+        return play_like(split_dir, split, model=model, engine_url=engine_url, seed=seed, n=n,
+                         temperature=temperature, max_response_len=max_response_len, max_turns=max_turns,
+                         max_tokens_per_turn=max_tokens_per_turn, max_observation_tokens=max_observation_tokens,
+                         concurrency=concurrency, limit=limit)
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float, int]]]:
-    """{split: {metric: (mean, std over runs, runs with a value)}} of the REPORTED metrics."""
+def play_like(split_dir: Path, prompts: Path, **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`play` the prompts with the split's predicates, tool mode and data folder (e.g. the held-out tasks
+    from their initial states, beside the split's handovers)."""
+    manifest = json.loads((Path(split_dir) / "manifest.json").read_text())
+    return play(prompts, predicates=Path(split_dir) / "predicates.jsonl", tool_mode=manifest.get("tool_mode", "meta"),
+                data_dir=manifest.get("data_dir"), **kw)
+
+
+def summarize(runs: list[dict[str, Any]], metrics: tuple[str, ...] = REPORTED) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """{task type: {metric: (mean, std over runs, runs with a value)}} of `metrics`."""
+    from awm_grpo.recovery.report import mean_std
+
     out: dict[str, dict[str, tuple[float, float, int]]] = {}
     for split in sorted({s for m in runs for s in m}):
         out[split] = {}
-        for key in REPORTED:
+        for key in metrics:
             vals = [m[split][key]["rate"] for m in runs if split in m and isinstance(m[split].get(key), dict)
                     and m[split][key]["rate"] is not None]
-            mean = sum(vals) / len(vals) if vals else math.nan
-            std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-            out[split][key] = (mean, std, len(vals))
+            mean, std = mean_std(vals)
+            out[split][key] = (mean, std if vals else 0.0, len(vals))
     return out
 
 
