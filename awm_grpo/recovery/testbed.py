@@ -15,9 +15,14 @@ apart. This testbed keeps the split's machinery and changes the tasks:
   but in a place where its training never had one: the warm start (awm_grpo.warmstart on
   `prompts/train.jsonl`) imitates reference plans and never sees a repair. Three companion
   families (two cart lines, two issues' priorities, two budgets in one task; never damaged) are
-  ordinary tasks whose plans write twice with the same tool: without them the warm start always
-  answered right after a write's result (0 repairs in 200 sampled episodes at T 1.0, from epoch 2
-  on), so RL had nothing to reinforce. A sampled second write repairs; RL has to make it a habit;
+  ordinary tasks whose plans write twice with the same tool. Without more, the warm start answers
+  right after the handover (0 repairs in 200 sampled episodes at T 1.0, every variant tried:
+  docs/recovery-method.md), so RL has nothing to reinforce. So the warm start also plays a
+  fraction of its plans as *rechecks* (`--recheck-writes`, RECHECK_WRITES): reads, write, the
+  same reads, the same write again, which on a right state changes nothing. It learns that a write
+  may follow "reads after a write", the handover's shape, without ever seeing a repair: whether the
+  second write copies the task's value (a repair) or the previous call's (the damage again) is
+  left to sampling, and RL has to make the repair a habit;
 - held-out instances come from held-out worlds: the original scenarios (world 0) and the last renamed
   world are never trained on, so every held-out handover is a conversation in names the policy has
   not seen. Renamed worlds keep the slot rows' ids and values (only names change), so a held-out
@@ -49,6 +54,9 @@ DEFAULT_OUT = REPO / "runs" / "awm_grpo" / "recovery_testbed"
 REPAIR_FAMILIES = {"online_grocery_1": "set_cart_quantity", "project_tracker_1": "set_priority",
                    "personal_finance_1": "raise_budget_limit", "library_lending_1": "home_branch"}
 # Ordinary tasks beside them, never damaged: plans in which a write of the same tool follows a write
+# Fraction of the warm start's plans also played as rechecks (module doc; docs/recovery-method.md has the
+# base repair rates this gives)
+RECHECK_WRITES = 0.6
 COMPANION_FAMILIES = {"online_grocery_1": "set_two_cart_quantities", "project_tracker_1": "set_two_priorities",
                       "personal_finance_1": "raise_two_budget_limits"}
 
@@ -129,14 +137,16 @@ def build(out: Path, *, worlds: int = 6) -> dict[str, Any]:
 
 
 def warm_start_command(out: Path, seed: int = 0) -> list[str]:
-    """The testbed's warm start: reference plans of the train instances only (never a repair).
+    """The testbed's warm start: reference plans of the train instances (and rechecks of a
+    RECHECK_WRITES fraction of them) only, never a repair.
 
     From scratch, as the practice-set start of docs/results.md but smaller (4 layers, 12 epochs,
-    a 1,500-episode copy drill): about 10 minutes on 2 idle cores."""
+    a 1,500-episode copy drill): about 15 minutes on 2 idle cores."""
     return [sys.executable, "-m", "awm_grpo.warmstart", "--data", str(out / "prompts"), "--data-dir",
             str(out / "data"), "--out", str(out / "models" / "ws"), "--layers", "4", "--split-digits",
             "--counterfactuals", "2", "--epochs", "12", "--no-list-tools", "--drill", "1500",
-            "--drill-kinds", "name,value,id", "--seed", str(seed)]
+            "--drill-kinds", "name,value,id", "--recheck-writes", str(RECHECK_WRITES),
+            "--seed", str(seed)]
 
 
 def ensure(out: Path, *, worlds: int = 6, seed: int = 0, warm_start: bool = True) -> Path:
@@ -149,7 +159,7 @@ def ensure(out: Path, *, worlds: int = 6, seed: int = 0, warm_start: bool = True
     model = out / "models" / "ws"
     if warm_start and not (model / "config.json").exists():
         cmd = warm_start_command(out, seed)
-        print(f"warm-starting the testbed's model (about 10 min on 2 cores): {' '.join(cmd[1:])}", file=sys.stderr)
+        print(f"warm-starting the testbed's model (about 15 min on 2 cores): {' '.join(cmd[1:])}", file=sys.stderr)
         if subprocess.run(cmd, cwd=REPO).returncode != 0:
             raise SystemExit(f"the warm start failed: rerun `{' '.join(cmd)}` to see why")
     return model
@@ -160,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--worlds", type=int, default=6, help="renamed worlds besides the original scenarios (default 6)")
     p.add_argument("--seed", type=int, default=0, help="the warm start's seed")
-    p.add_argument("--warm-start", action="store_true", help="also warm-start its model (models/ws, ~10 min)")
+    p.add_argument("--warm-start", action="store_true", help="also warm-start its model (models/ws, ~15 min)")
     opts = p.parse_args(argv)
     if opts.worlds < 0:
         p.error("--worlds must be >= 0")

@@ -16,8 +16,14 @@ reward and learns nothing. This stage gives the embedded CPU default a non-zero 
    (`domain_corpus`; with `--split-digits`, one token a digit, so numbers are copied id for id) and,
    with `--drill N`, first learns to copy names, numbers and ids on synthetic episodes
    (awm_grpo.warmstart.drill, `--drill-kinds`);
-4. the model is trained with masked next-token loss on the model tokens (loss mask 1 only);
-5. the result is saved as a Hugging Face folder, the recipe's `--hf-checkpoint`.
+4. with `--recheck-writes F`, a fraction F of the plans is also played as a *recheck*: the plan up
+   to its first write, played twice (reads, write, the same reads, the same write), then the rest.
+   On a right state the second write changes nothing, so the start never sees a repair; but it
+   learns that a write can follow "reads after a write", which is where a handed-over wrong write
+   must be repaired (awm_grpo.recovery.testbed). For plans whose writes set values (idempotent):
+   a recheck of a create would add a second row and is dropped if the verifier then rejects it;
+5. the model is trained with masked next-token loss on the model tokens (loss mask 1 only);
+6. the result is saved as a Hugging Face folder, the recipe's `--hf-checkpoint`.
 
     python -m awm_grpo.warmstart --data runs/awm_grpo/splits --out runs/awm_grpo/models/tiny-awm-sft
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -115,6 +122,12 @@ def reference_replies(solution: Any, tool_mode: str, list_tools: bool = True) ->
     return replies + [solution.final_answer or "Done."]
 
 
+def recheck_plan(calls: list[dict[str, Any]], labels: dict[str, str]) -> list[dict[str, Any]] | None:
+    """The plan with its part up to the first write played twice (None: the plan writes nothing)."""
+    first = next((i for i, c in enumerate(calls) if labels.get(c["tool"], "read") != "read"), None)
+    return None if first is None else calls[:first + 1] + calls[:first + 1] + calls[first + 1:]
+
+
 def teacher_policy(tokenizer: Any, replies: list[str]) -> Policy:
     """Answers each model turn with the next scripted reply, closed by the end-of-turn token."""
     end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -143,6 +156,7 @@ class Episodes:
         self.encoder, self.copies, self.max_len = encoder, copies, max_len
         self.real: list[Sample] = []
         self.renamable: list[tuple[Sample, list[dict[str, Any]], dict[str, Any]]] = []
+        self.rechecks = 0  # how many of `real` are recheck plans (--recheck-writes)
 
     def renamed(self, rng: random.Random) -> list[Sample]:
         out: list[Sample] = []
@@ -155,11 +169,16 @@ class Episodes:
 
 
 async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_dir: str | None,
-                  counterfactual_copies: int = 0, list_tools: bool = True) -> Episodes:
-    """Play every prompt's reference solution; keep the episodes the verifier accepts."""
+                  counterfactual_copies: int = 0, list_tools: bool = True, recheck: float = 0.0,
+                  seed: int = 0) -> Episodes:
+    """Play every prompt's reference solution (and, for a `recheck` fraction of them, its recheck
+    plan: `recheck_plan`); keep the episodes the verifier accepts."""
+    from awm.data import AWMDataset, bundled_data_dir
+    from awm.predicates.tool_labels import label_tools
     from awm.solutions import load_solutions
 
     solutions = load_solutions(data_dir)
+    rng, labels = random.Random(seed), {}
     tokenizer = GenerateState(args).tokenizer
     dropped = []
     encoder = None
@@ -174,19 +193,30 @@ async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_
         if solution is None:
             dropped.append((meta["scenario"], meta["task_idx"], "no reference solution"))
             continue
-        sample = Sample(index=i, group_index=i, prompt=record["text"], metadata=dict(meta))
-        policy = teacher_policy(tokenizer, reference_replies(solution, args.awm_tool_mode, list_tools))
-        sample = await play(args, sample, {"max_new_tokens": args.rollout_max_response_len}, policy)
-        awm = sample.metadata["awm"]
-        if awm["verdict"] != "complete":
-            dropped.append((meta["scenario"], meta["task_idx"], f"{awm['verdict']} ({awm['stop_reason']})"))
-            continue
-        trace = sample.metadata.pop("awm_trace", None) or {}
-        episodes.real.append(sample)
-        if counterfactual_copies and solution.slots:
-            source = (sample, trace.get("messages") or [], solution.slots)
-            if renamable(encoder, *source):
-                episodes.renamable.append(source)
+        plans = [solution]
+        if recheck and rng.random() < recheck:
+            if meta["scenario"] not in labels:
+                code = AWMDataset(data_dir or bundled_data_dir()).scenario(meta["scenario"]).full_code
+                labels[meta["scenario"]] = {name: lab.label for name, lab in label_tools(code).items()}
+            calls = recheck_plan(solution.calls, labels[meta["scenario"]])
+            if calls is not None:
+                plans.append(dataclasses.replace(solution, calls=calls))
+        for n, plan in enumerate(plans):
+            sample = Sample(index=i, group_index=i, prompt=record["text"], metadata=dict(meta))
+            policy = teacher_policy(tokenizer, reference_replies(plan, args.awm_tool_mode, list_tools))
+            sample = await play(args, sample, {"max_new_tokens": args.rollout_max_response_len}, policy)
+            awm = sample.metadata["awm"]
+            if awm["verdict"] != "complete":
+                why = f"{awm['verdict']} ({awm['stop_reason']})"
+                dropped.append((meta["scenario"], meta["task_idx"], f"recheck plan: {why}" if n else why))
+                continue
+            trace = sample.metadata.pop("awm_trace", None) or {}
+            episodes.real.append(sample)
+            episodes.rechecks += n
+            if counterfactual_copies and solution.slots:
+                source = (sample, trace.get("messages") or [], solution.slots)
+                if renamable(encoder, *source):
+                    episodes.renamable.append(source)
     for scenario, task_idx, why in dropped:
         logger.warning("no SFT example for %s#%d: %s", scenario, task_idx, why)
     if counterfactual_copies:
@@ -295,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
                         "into the answer), id (an id from one result into the next call); default name")
     parser.add_argument("--save-every", type=int, default=0, metavar="K", help="also save the model after every "
                         "K epochs to OUT/epoch_<N>, to compare RL starts trained for fewer epochs")
+    parser.add_argument("--recheck-writes", type=float, default=0.0, metavar="F",
+                        help="also play a fraction F of the plans as rechecks: up to the first write twice "
+                             "(reads, write, reads, the same write), then the rest; for plans whose writes set "
+                             "values (the recovery testbed). Default 0")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one step of this small model gains "
                         "nothing from more, and more slow down everything else on a busy machine)")
@@ -302,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.threads)
+    if not 0.0 <= opts.recheck_writes <= 1.0:
+        raise SystemExit(f"--recheck-writes {opts.recheck_writes}: a fraction between 0 and 1")
     if opts.drill and opts.tool_mode != "meta":
         raise SystemExit("--drill needs --tool-mode meta (its episodes call call_tool)")
     kinds = tuple(k.strip() for k in opts.drill_kinds.split(",") if k.strip())
@@ -335,11 +371,13 @@ def main(argv: list[str] | None = None) -> int:
     args.awm_max_observation_tokens, args.awm_max_turns = opts.max_observation_tokens, 64
     args.awm_enable_thinking = opts.enable_thinking
     started = time.perf_counter()
-    episodes = asyncio.run(collect(args, prompts, opts.data_dir, opts.counterfactuals, opts.list_tools))
+    episodes = asyncio.run(collect(args, prompts, opts.data_dir, opts.counterfactuals, opts.list_tools,
+                                   opts.recheck_writes, opts.seed))
     if not episodes.real:
         raise SystemExit("no reference episode verified: nothing to fine-tune on")
     tokens = sum(len(s.tokens) for s in episodes.real)
-    logger.info("%d SFT episodes (%d tokens) in %.1fs", len(episodes.real), tokens, time.perf_counter() - started)
+    logger.info("%d SFT episodes (%d of them rechecks; %d tokens) in %.1fs", len(episodes.real), episodes.rechecks,
+                tokens, time.perf_counter() - started)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
@@ -369,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                   "drill": opts.drill, "drill_epochs": opts.drill_epochs if opts.drill else 0,
                   "drill_kinds": list(kinds) if opts.drill else [],
                   "drill_losses": drill_losses, "seed": opts.seed, "chat_template": opts.chat_template,
-                  "enable_thinking": opts.enable_thinking}
+                  "enable_thinking": opts.enable_thinking, "recheck_writes": opts.recheck_writes,
+                  "recheck_episodes": episodes.rechecks}
         (folder / "warmstart.json").write_text(json.dumps(record, indent=1))
 
     def after_epoch(epoch: int, losses: list[float]) -> None:

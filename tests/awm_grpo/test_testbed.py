@@ -127,3 +127,20 @@ def test_every_companion_instance_is_solved_by_its_reference_and_not_by_the_unto
         assert asyncio.run(replay_all()) == []
     finally:
         runtime.close()
+
+
+def test_the_warm_start_s_rechecks_verify_on_every_train_task_and_show_the_handover_s_shape(built, tiny_model_dir):
+    """`--recheck-writes` on the testbed: each recheck (reads, write, reads, the same write) is accepted,
+    so the start learns that a write may follow a write's read-back without ever seeing a repair."""
+    from awm_grpo.warmstart.sft import collect
+    from slime.arguments import parse_args
+
+    assert f"--recheck-writes {testbed.RECHECK_WRITES}" in " ".join(testbed.warm_start_command(built))
+    prompts = rows(built / "prompts" / "train.jsonl")
+    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", "unused.jsonl",
+                       "--rollout-batch-size", "1", "--num-rollout", "1", "--rollout-max-response-len", "2048"])
+    args.awm_tool_mode, args.awm_data_dir, args.awm_env_workers = "meta", str(built / "data"), 1
+    args.awm_max_observation_tokens, args.awm_max_turns = 256, 64
+    episodes = asyncio.run(collect(args, prompts, str(built / "data"), list_tools=False, recheck=1.0))
+    assert episodes.rechecks == len(prompts) and len(episodes.real) == 2 * len(prompts)
+    assert all(s.metadata["awm"]["verdict"] == "complete" for s in episodes.real)

@@ -139,3 +139,49 @@ def test_cli_warm_starts_a_base_that_ships_qwen3s_template(tmp_path):
     assert record["episodes"] >= 30 and len(record["losses"]) == 1 and len(record["drill_losses"]) == 1
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert tokenizer.chat_template == qwen3_template()
+
+
+def test_recheck_plan_plays_the_plan_up_to_its_first_write_twice():
+    from awm_grpo.warmstart.sft import recheck_plan
+
+    read, write, other = {"tool": "get_cart"}, {"tool": "set_qty", "arguments": {"q": 2}}, {"tool": "set_note"}
+    labels = {"get_cart": "read", "set_qty": "update", "set_note": "update"}
+    assert recheck_plan([read, write, other], labels) == [read, write, read, write, other]
+    assert recheck_plan([write], labels) == [write, write]
+    assert recheck_plan([read, read], labels) is None  # nothing to recheck
+
+
+def test_recheck_episodes_repeat_the_first_write_on_the_right_state_and_still_verify(tmp_path, tiny_model_dir):
+    """--recheck-writes: the doubled plan is really played and judged; its second write is a no-op."""
+    from awm.data import AWMDataset, bundled_data_dir
+    from awm.predicates.tool_labels import label_tools
+    from awm.solutions import load_solutions
+
+    args, prompts = _reference_setup(tmp_path, tiny_model_dir, 40)
+    solutions = load_solutions(None)
+    labels = {}
+    for r in prompts:
+        code = AWMDataset(bundled_data_dir()).scenario(r["metadata"]["scenario"]).full_code
+        labels.update({name: lab.label for name, lab in label_tools(code).items()})
+    writes = [r for r in prompts if any(labels.get(c["tool"]) != "read" for c in
+                                        solutions[(r["metadata"]["scenario"], r["metadata"]["task_idx"])].calls)]
+    reads = [r for r in prompts if r not in writes]
+    assert writes and reads
+    picked = writes[:3] + reads[:1]
+    episodes = asyncio.run(collect(args, picked, None, recheck=1.0, list_tools=False))
+    # one recheck per write plan that the verifier still accepts; a read-only plan has none
+    assert 1 <= episodes.rechecks <= 3 and len(episodes.real) == len(picked) + episodes.rechecks
+    assert all(s.metadata["awm"]["verdict"] == "complete" for s in episodes.real)
+    by_task: dict = {}
+    for s in episodes.real:
+        by_task.setdefault(s.index, []).append(s)
+    doubled = [pair for pair in by_task.values() if len(pair) == 2]
+    assert len(doubled) == episodes.rechecks
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for plain, recheck in doubled:
+        calls = lambda s: tokenizer.decode(s.tokens[-s.response_length:]).count("<tool_call>")  # noqa: E731
+        first = next(i for i, c in enumerate(solutions[(plain.metadata["scenario"], plain.metadata["task_idx"])].calls)
+                     if labels.get(c["tool"]) != "read")
+        assert calls(recheck) == calls(plain) + first + 1
+    assert len(by_task[max(by_task)]) == 1  # the read-only plan
+    assert not asyncio.run(collect(args, picked, None, recheck=0.0, list_tools=False)).rechecks
