@@ -174,11 +174,12 @@ async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_
     """Play every prompt's reference solution (and, for a `recheck` fraction of them, its recheck
     plan: `recheck_plan`); keep the episodes the verifier accepts."""
     from awm.data import AWMDataset, bundled_data_dir
-    from awm.predicates.tool_labels import label_tools
     from awm.solutions import load_solutions
 
+    from awm_grpo.recovery.progress import tool_semantics
+
     solutions = load_solutions(data_dir)
-    rng, labels = random.Random(seed), {}
+    rng, labels, dataset = random.Random(seed), {}, None
     tokenizer = GenerateState(args).tokenizer
     dropped = []
     encoder = None
@@ -196,8 +197,8 @@ async def collect(args: argparse.Namespace, prompts: list[dict[str, Any]], data_
         plans = [solution]
         if recheck and rng.random() < recheck:
             if meta["scenario"] not in labels:
-                code = AWMDataset(data_dir or bundled_data_dir()).scenario(meta["scenario"]).full_code
-                labels[meta["scenario"]] = {name: lab.label for name, lab in label_tools(code).items()}
+                dataset = dataset or AWMDataset(data_dir or bundled_data_dir())
+                labels[meta["scenario"]] = tool_semantics(dataset.scenario(meta["scenario"]).full_code)[0]
             calls = recheck_plan(solution.calls, labels[meta["scenario"]])
             if calls is not None:
                 plans.append(dataclasses.replace(solution, calls=calls))

@@ -645,6 +645,19 @@ _family_verifier = partial(verifier, prelude(
 
 _PAYEE_SLOTS = "SELECT name, category, account_number FROM payees WHERE user_id = 1 ORDER BY id"
 
+# the end of a budget-limit check: exactly the budgets in `limits` (id -> new limit) changed, each in its
+# monthly limit only, and nothing else
+_LIMITS_SET = '''
+added, removed, changed = diff("budgets")
+if added or removed or set(changed) != set(limits):
+    return False
+for key, limit in limits.items():
+    before, after = changed[key]
+    if not same_money(after["monthly_limit"], limit) or not only_changed(before, after, {"monthly_limit"}):
+        return False
+return unchanged("users", "accounts", "payees", "transfers", "transactions", "scheduled_payments")
+'''
+
 FAMILIES = [
     {
         "family": "account_balance",
@@ -768,15 +781,8 @@ return unchanged("users", "accounts", "payees", "transfers", "budgets", "schedul
                 "${new_limit2}, keeping their alert thresholds as they are.",
         "verifier": _family_verifier,
         "check": '''
-added, removed, changed = diff("budgets")
-if added or removed or set(changed) != {P["budget_id"], P["budget_id2"]}:
-    return False
-for key, limit in ((P["budget_id"], P["new_limit"]), (P["budget_id2"], P["new_limit2"])):
-    before, after = changed[key]
-    if not same_money(after["monthly_limit"], limit) or not only_changed(before, after, {"monthly_limit"}):
-        return False
-return unchanged("users", "accounts", "payees", "transfers", "transactions", "scheduled_payments")
-''',
+limits = {P["budget_id"]: P["new_limit"], P["budget_id2"]: P["new_limit2"]}
+''' + _LIMITS_SET,
         "solution": {"calls": [{"tool": "list_budgets", "arguments": {}},
                                {"tool": "update_budget", "arguments": {"budget_id": "{budget_id}",
                                                                        "monthly_limit": "{new_limit}"}},
@@ -794,14 +800,8 @@ return unchanged("users", "accounts", "payees", "transfers", "transactions", "sc
         "task": "Raise the monthly limit of my '{category}' budget to ${new_limit}, keeping its alert threshold as it is.",
         "verifier": _family_verifier,
         "check": '''
-added, removed, changed = diff("budgets")
-if added or removed or set(changed) != {P["budget_id"]}:
-    return False
-before, after = changed[P["budget_id"]]
-if not same_money(after["monthly_limit"], P["new_limit"]) or not only_changed(before, after, {"monthly_limit"}):
-    return False
-return unchanged("users", "accounts", "payees", "transfers", "transactions", "scheduled_payments")
-''',
+limits = {P["budget_id"]: P["new_limit"]}
+''' + _LIMITS_SET,
         "solution": {"calls": [{"tool": "list_budgets", "arguments": {"category": "{category}"}},
                                {"tool": "update_budget", "arguments": {"budget_id": "{budget_id}",
                                                                        "monthly_limit": "{new_limit}"}}],
