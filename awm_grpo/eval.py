@@ -135,6 +135,8 @@ def evaluate(opts: argparse.Namespace) -> list[dict[str, Any]]:
         config = yaml.safe_load(Path(opts.config).read_text()) or {}
     for key, value in config.items():
         setattr(args, key, value)
+    if config.get("awm_history_window_turns") is not None:
+        args.calculate_per_token_loss = True  # as the windowed run trained (rollout's check); no loss is computed here
     args.awm_trace_dir = None
     cfg = RolloutConfig.from_args(args)
     GenerateState.reset()

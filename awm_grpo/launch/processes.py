@@ -129,6 +129,30 @@ class Children:
             self.record.unlink(missing_ok=True)
 
 
+def recipe_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment plus what a child of the recipe needs: the repo's packages on PYTHONPATH, no
+    model-hub downloads, Ray without its token auth."""
+    repo = Path(__file__).resolve().parents[2]
+    path = f"{repo}:{repo / 'agent-world-model'}"
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled",
+            "PYTHONPATH": path + (f":{os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else ""),
+            **(extra or {})}
+
+
+def run_logged(cmd: Sequence[str], log: Path, *, timeout_s: float, env: Mapping[str, str] | None = None,
+               cwd: str | os.PathLike[str] | None = None) -> int:
+    """Run one child in its own session, stdout and stderr to `log`; on timeout stop exactly what it
+    started (its session, Ray workers included) and return 124."""
+    children = Children()
+    with open(log, "w") as out:
+        proc = children.start(log.stem, cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            children.stop_all(grace_s=30)
+            return 124
+
+
 def raise_on_signals() -> dict[int, Any]:
     """Turn SIGINT/SIGTERM into `Stopped` in the main thread; returns the previous handlers."""
     def handler(signum: int, frame: FrameType | None) -> None:

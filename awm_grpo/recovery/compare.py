@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +37,7 @@ import yaml
 from awm.data import read_jsonl
 
 from awm_grpo.launch.job import PLUGINS
-from awm_grpo.launch.processes import Children
+from awm_grpo.launch.processes import recipe_env, run_logged
 from awm_grpo.recovery import report, testbed
 from awm_grpo.recovery import split as recovery_split
 from awm_grpo.recovery.credit import CreditConfig
@@ -53,6 +51,8 @@ REFERENCE_ARM = "b1"
 # An arm = the awm_credit_* keys it sets on top of the shared ones (docs/recovery-method.md, Baselines and ablations).
 ARMS: dict[str, dict[str, Any]] = {
     "b1": {"awm_credit_method": "b1"},              # outcome-only GRPO
+    "b1_window": {"awm_credit_method": "b1",        # B1 with its sliding window: the policy sees the task and
+                  "awm_history_window_turns": 3},   # the last 3 turns, in training and in evaluation
     "b2": {"awm_credit_method": "b2"},              # action-based step reward, turn-level credit
     "b2plus": {"awm_credit_method": "b2plus"},      # an LLM judge's per-call score (needs --judge-url)
     "ours": {"awm_credit_method": "ours"},          # progress + verification bonus, carry + leave-one-out
@@ -62,6 +62,8 @@ ARMS: dict[str, dict[str, Any]] = {
     "naive": {"awm_credit_method": "ours", "awm_credit_estimator": "naive"},
     "v1_no_verify": {"awm_credit_method": "ours", "awm_credit_beta": 0.0},
 }
+# Keys that change how a policy acts, not how it is credited: its evaluation plays with them too.
+ACTING_KEYS = ("awm_history_window_turns",)
 TABLE_METRICS = ("recovery_success", "additional_damage", "verification_first_rate", "SR_ordinary")
 
 
@@ -78,9 +80,19 @@ def runtime_yaml(opts: argparse.Namespace, arm: str, predicates: Path, trace_dir
     return keys
 
 
-def train_command(opts: argparse.Namespace, model: Path, run_dir: Path, config: Path, seed: int) -> list[str]:
+def acting_keys(policy: str) -> dict[str, Any]:
+    """The awm_* keys a policy is evaluated with: the arm's acting keys (B1's window; the rollout
+    accepts the window only beside credit method b1), none for the base model."""
+    keys = {k: v for k, v in ARMS.get(policy, {}).items() if k in ACTING_KEYS}
+    return {"awm_credit_method": ARMS[policy]["awm_credit_method"], **keys} if keys else {}
+
+
+def train_command(opts: argparse.Namespace, model: Path, run_dir: Path, config: Path, seed: int,
+                  arm: str = REFERENCE_ARM) -> list[str]:
     """slime.train flags of one short CPU run (no dynamic-sampling filter: it would drop groups whose
-    outcomes tie but whose progress differs, which only the method can use)."""
+    outcomes tie but whose progress differs, which only the method can use). B1's window splits an
+    episode into samples, so its arm also trains with the per-token loss (awm_grpo.rollout)."""
+    window = ["--calculate-per-token-loss"] if "awm_history_window_turns" in ARMS[arm] else []
     return [sys.executable, "-m", "slime.train", "--hf-checkpoint", str(model), "--ref-load", str(model),
             "--save", str(run_dir / "ckpt"), "--save-interval", str(opts.steps),
             "--metrics-path", str(run_dir / "metrics.jsonl"),
@@ -93,22 +105,11 @@ def train_command(opts: argparse.Namespace, model: Path, run_dir: Path, config: 
             "--rollout-max-response-len", str(opts.max_response_len), "--rollout-temperature", "1.0",
             "--prompt-data", str(opts.train_prompts), "--input-key", "text", "--metadata-key", "metadata",
             "--apply-chat-template", "--rollout-shuffle", *PLUGINS,
-            "--custom-advantage-function-path", "awm_grpo.recovery.advantages", "--custom-config-path", str(config)]
+            "--custom-advantage-function-path", "awm_grpo.recovery.advantages", "--custom-config-path", str(config), *window]
 
 
 def _run(cmd: list[str], log: Path, timeout_s: float) -> int:
-    """Run a child in its own session, output to `log`; on timeout stop exactly what it started."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": f"{REPO}:{REPO / 'agent-world-model'}" + (f":{os.environ['PYTHONPATH']}"
-                                                                  if os.environ.get("PYTHONPATH") else "")}
-    children = Children()
-    with open(log, "w") as out:
-        proc = children.start(log.parent.name, cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            children.stop_all(grace_s=30)
-            return 124
+    return run_logged(cmd, log, timeout_s=timeout_s, env=recipe_env(), cwd=REPO)
 
 
 def final_model(run_dir: Path, base: Path) -> Path:
@@ -269,7 +270,7 @@ class Evaluation:
         o, started = self.opts, time.perf_counter()
         common = {"model": str(policy), "seed": seed, "n": o.eval_n, "temperature": o.eval_temperature,
                   "max_turns": o.max_turns, "max_tokens_per_turn": o.max_tokens_per_turn,
-                  "max_response_len": o.max_response_len, "limit": o.eval_limit}
+                  "max_response_len": o.max_response_len, "limit": o.eval_limit, "runtime": acting_keys(name)}
         metrics, records = recovery_split.evaluate(self.split, tasks=self.tasks, **common)
         if self.ordinary is not None:
             ordinary, _ = recovery_split.play_like(self.split, self.ordinary, **common)
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         config = run_dir / "awm_runtime.yaml"
         config.write_text(yaml.safe_dump(runtime_yaml(opts, arm, split / "predicates.jsonl", run_dir / "traces",
                                                       data_dir)))
-        cmd = train_command(opts, model, run_dir, config, seed)
+        cmd = train_command(opts, model, run_dir, config, seed, arm)
         results["commands"][f"{arm}/seed{seed}"] = " ".join(cmd)
         if opts.dry_run:
             print(" ".join(cmd))

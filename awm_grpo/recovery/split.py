@@ -230,10 +230,11 @@ def resolved_split(split_dir: Path, dest: Path, tasks: set[tuple[str, int]] | No
 def play(prompts: Path, *, predicates: Path, tool_mode: str, data_dir: str | None, model: str | None,
          engine_url: str | None = None, seed: int = 0, n: int = 1, temperature: float = 0.0,
          max_response_len: int = 1024, max_turns: int = 8, max_tokens_per_turn: int | None = 256,
-         max_observation_tokens: int = 256, concurrency: int = 4,
-         limit: int = 0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+         max_observation_tokens: int = 256, concurrency: int = 4, limit: int = 0,
+         runtime: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Play the policy on every prompt of `prompts` (damaged starts or initial states) through the
-    training rollout with progress on: (recovery metrics by task type, trace records)."""
+    training rollout with progress on: (recovery metrics by task type, trace records). `runtime`:
+    more awm_* keys, e.g. B1's window for a policy trained with it."""
     import yaml
 
     from awm_grpo import eval as awm_eval
@@ -246,7 +247,8 @@ def play(prompts: Path, *, predicates: Path, tool_mode: str, data_dir: str | Non
                                           "awm_tool_mode": tool_mode, "awm_data_dir": data_dir,
                                           "awm_max_turns": max_turns, "awm_env_workers": 1,
                                           "awm_max_tokens_per_turn": max_tokens_per_turn,
-                                          "awm_max_observation_tokens": max_observation_tokens}))
+                                          "awm_max_observation_tokens": max_observation_tokens,
+                                          **(runtime or {})}))
         opts = argparse.Namespace(split=str(prompts), model=model, engine_url=engine_url, openai_base_url=None,
                                   openai_model=None, config=str(config), n=n, temperature=temperature,
                                   max_response_len=max_response_len, max_tokens_per_turn=512,
@@ -258,7 +260,8 @@ def play(prompts: Path, *, predicates: Path, tool_mode: str, data_dir: str | Non
 def evaluate(split_dir: str | Path, *, model: str | None, engine_url: str | None = None, seed: int = 0,
              n: int = 1, temperature: float = 0.0, max_response_len: int = 1024, max_turns: int = 8,
              max_tokens_per_turn: int | None = 256, max_observation_tokens: int = 256, concurrency: int = 4,
-             limit: int = 0, tasks: set[tuple[str, int]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+             limit: int = 0, tasks: set[tuple[str, int]] | None = None,
+             runtime: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Play the policy from every handover: (recovery metrics by task type, trace records)."""
     split_dir = Path(split_dir)
     with tempfile.TemporaryDirectory(prefix="awm-recovery-split-") as tmp:
@@ -266,7 +269,7 @@ def evaluate(split_dir: str | Path, *, model: str | None, engine_url: str | None
         return play_like(split_dir, split, model=model, engine_url=engine_url, seed=seed, n=n,
                          temperature=temperature, max_response_len=max_response_len, max_turns=max_turns,
                          max_tokens_per_turn=max_tokens_per_turn, max_observation_tokens=max_observation_tokens,
-                         concurrency=concurrency, limit=limit)
+                         concurrency=concurrency, limit=limit, runtime=runtime)
 
 
 def play_like(split_dir: Path, prompts: Path, **kw: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:

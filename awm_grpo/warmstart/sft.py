@@ -104,6 +104,12 @@ def small_base(out_dir: str | Path, seed: int = 0, domain: list[str] | None = No
                                 split_digits=split_digits, chat_template=chat_template, **config))
 
 
+def base_dir(out: Path) -> Path:
+    """Where the from-scratch base of a warm start into `out` is built: one per output folder, so warm
+    starts running side by side in one folder (other seeds) never load or overwrite each other's base."""
+    return out.parent / f"{out.name}-base"
+
+
 def reference_replies(solution: Any, tool_mode: str, list_tools: bool = True) -> list[str]:
     """The replies a perfect agent writes for a reference solution, in the rollout's call format.
 
@@ -359,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 template = Path(opts.chat_template).read_text(encoding="utf-8")
             except OSError as exc:
                 raise SystemExit(f"--chat-template {opts.chat_template}: {exc.strerror}") from None
-        base = small_base(out.parent / "small-base", seed=opts.seed, domain=domain, layers=opts.layers,
+        base = small_base(base_dir(out), seed=opts.seed, domain=domain, layers=opts.layers,
                           split_whitespace=bool(opts.split_whitespace), split_digits=bool(opts.split_digits),
                           chat_template=template)
     elif (opts.layers is not None or opts.tokenizer_corpus is not None or opts.split_whitespace is not None

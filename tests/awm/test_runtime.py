@@ -283,3 +283,37 @@ def test_calls_that_queue_behind_a_busy_worker_share_one_write(fault_data_dir, c
             assert isinstance(outcomes[1], ToolTimeout) and outcomes[1].culprit
 
     run(main())
+
+
+MANY_EPISODES = """
+import asyncio, resource, sys
+from awm.episode import EnvRuntime
+
+async def main():
+    with EnvRuntime(sys.argv[1], num_workers=1, cache_dir=sys.argv[2]) as rt:
+        eps = await asyncio.gather(*(rt.open("faults", 0) for _ in range(300)))
+        texts = await asyncio.gather(*(ep.call("list_notes", {}) for ep in eps))
+        print(sum("call mom" in t.text for t in texts), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+asyncio.run(main())
+"""
+
+
+def test_more_episodes_than_the_soft_open_file_limit(fault_data_dir, cache_dir):
+    """300 open episodes (one SQLite file each, all in one worker) under a soft limit of 128 open files:
+    the pool raises the soft limit to the hard one before it starts its workers."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"hard open-file limit {hard}: too low to show the difference")
+    package_root = Path(__file__).resolve().parents[2] / "agent-world-model"
+    out = subprocess.run([sys.executable, "-c", MANY_EPISODES, str(fault_data_dir), str(cache_dir)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(package_root)},
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard)))  # noqa: PLW1509
+    assert out.returncode == 0, out.stderr[-2000:]
+    done, soft = map(int, out.stdout.split())
+    assert done == 300 and soft > 128

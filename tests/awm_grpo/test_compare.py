@@ -35,7 +35,8 @@ def test_runs_differ_only_in_the_arm_s_credit_keys(tmp_path):
             continue
         other = compare.runtime_yaml(opts, arm, tmp_path / "p.jsonl", tmp_path / "t")
         differ = {k for k in set(b1) | set(other) if b1.get(k) != other.get(k)}
-        assert differ <= set(keys) and all(k.startswith("awm_credit_") for k in differ), arm
+        assert differ <= set(keys) and all(k.startswith("awm_credit_") or k in compare.ACTING_KEYS
+                                           for k in differ), arm
     assert b1["awm_predicates"] == str(tmp_path / "p.jsonl") and b1["awm_terminate_on_invalid_call"] is True
 
 
@@ -84,6 +85,26 @@ def test_training_command_is_valid_for_slime_and_uses_the_custom_advantages(tmp_
     assert args.custom_generate_function_path == "awm_grpo.rollout.generate"
     assert args.seed == args.rollout_seed == 3 and args.num_rollout == 2 and args.save_interval == 2
     assert args.dynamic_sampling_filter_path is None and args.awm_credit_method == "ours"
+    assert args.calculate_per_token_loss is False
+
+
+def test_b1_s_window_arm_trains_with_the_per_token_loss_the_rollout_requires(tmp_path):
+    """Through slime's parser and the rollout's own config check, as the arm's training run reads them."""
+    import yaml
+
+    from awm_grpo.rollout import RolloutConfig
+
+    opts = options()
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(compare.runtime_yaml(opts, "b1_window", tmp_path / "p.jsonl", tmp_path / "t")))
+    for arm, per_token in (("b1_window", True), ("b1", False)):
+        args = parse_args(compare.train_command(opts, tmp_path / "m", tmp_path / "r", config, seed=0, arm=arm)[3:])
+        assert args.calculate_per_token_loss is per_token
+        if per_token:
+            assert RolloutConfig.from_args(args).history_window_turns == 3
+        else:
+            with pytest.raises(ValueError, match="--calculate-per-token-loss"):
+                RolloutConfig.from_args(args)
 
 
 def test_final_model_is_the_last_iteration_with_the_base_tokenizer(tmp_path, tiny_model_dir):

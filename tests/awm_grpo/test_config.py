@@ -406,6 +406,19 @@ def test_stop_all_ends_our_process_groups_only(tmp_path, bystander, mode):
     assert not (tmp_path / "children.json").exists()
 
 
+def test_run_logged_logs_the_child_and_on_timeout_stops_its_whole_session(tmp_path, bystander):
+    """The drivers' (compare, learning) way to run one training or evaluation child."""
+    from awm_grpo.launch.processes import run_logged
+
+    log = tmp_path / "ok.log"
+    assert run_logged([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"], log,
+                      timeout_s=30) == 0
+    assert log.read_text().split() == ["out", "err"]
+    assert run_logged([sys.executable, "-c", CHILD, str(tmp_path / "pids"), "polite"], tmp_path / "slow.log",
+                      timeout_s=3) == 124
+    assert not any(alive(p) for p in wait_for(tmp_path / "pids")) and alive(bystander.pid)
+
+
 DRIVER = """
 import sys
 from pathlib import Path

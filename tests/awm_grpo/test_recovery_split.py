@@ -78,6 +78,26 @@ def test_weak_policy_handover_is_its_first_negative_progress_step(tmp_path, pred
     assert meta["handover"]["phi_before"] == 1.0 and meta["handover"]["phi_after"] == 0.0
 
 
+def test_a_policy_trained_with_b1_s_window_is_evaluated_in_its_window(split, tiny_model_dir, scripted):
+    """compare's b1_window arm: the evaluation's engine sees the task and the last 3 turns, not the
+    handover's whole prefix (4 model turns), as in training."""
+    from awm_grpo.recovery.compare import acting_keys
+
+    out, _ = split
+    assert acting_keys("b1") == {} and acting_keys("base") == {}
+    seen = {}
+    for name in ("b1", "b1_window"):
+        scripted.reset()
+        _, records = recovery_split.evaluate(out, model=str(tiny_model_dir), engine_url=scripted.url, concurrency=1,
+                                             tasks={(SCENARIO, 8)}, limit=1, runtime=acting_keys(name))
+        assert len(records) == 1 and records[0]["recovery"]["prefix_turns"] == 4
+        seen[name] = scripted.tok.decode(scripted.requests[0]["input_ids"])
+    prefix = seen["b1"].split("<|im_start|>assistant")[1:]  # the prefix's 4 model turns, then the generation prompt
+    assert len(prefix) == 5 and seen["b1_window"].count("<|im_start|>assistant") == 4
+    assert prefix[0].split("<|im_end|>")[0] not in seen["b1_window"]
+    assert all(p.split("<|im_end|>")[0] in seen["b1_window"] for p in prefix[1:4])
+
+
 def test_evaluate_plays_from_each_handover_and_reports_recovery_metrics(split, tiny_model_dir, scripted):
     out, _ = split
     scripted.reset()

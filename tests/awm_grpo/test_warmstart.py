@@ -97,6 +97,10 @@ def test_cli_builds_a_domain_base_drills_it_and_records_what_it_did(tmp_path, ti
     assert [tokenizer.decode([i]) for i in tokenizer("2026", add_special_tokens=False)["input_ids"]] == list("2026")
     assert record["drill_losses"][1] < record["drill_losses"][0] and len(record["losses"]) == 1
     assert AutoConfig.from_pretrained(out).num_hidden_layers == 1
+    # the base is built beside `out` under a name of its own: seeds warm-starting side by side in one
+    # folder never load each other's base
+    assert AutoConfig.from_pretrained(tmp_path / "ws-base").num_hidden_layers == 1
+    assert not (tmp_path / "small-base").exists()
     with pytest.raises(SystemExit, match="--drill-kinds 'name,copy'"):
         main(["--data", str(tmp_path / "splits"), "--out", str(tmp_path / "x"), "--drill", "8", "--drill-kinds",
               "name,copy"])

@@ -21,6 +21,7 @@ import itertools
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -124,6 +125,24 @@ def _fail(fut: asyncio.Future, exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
+def raise_open_file_limit() -> int:
+    """Raise this process's soft open-file limit to its hard limit, before workers inherit it; returns the soft limit.
+
+    Every open episode holds its SQLite DB open in a worker, and an MCP server a socket per session:
+    under the common soft limit of 1,024, a rollout of 1,024 concurrent episodes fails with "unable to
+    open database file" although the hard limit allows far more (SGLang raises its own limit likewise)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20  # Linux caps NOFILE at nr_open (2^20 by default)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("open-file limit stays at %d (%s): raise it (ulimit -n) for many concurrent episodes",
+                           soft, exc)
+    return soft
+
+
 class WorkerPool:
     """Processes, request routing, deadlines, crash recovery and episode placement."""
 
@@ -150,6 +169,7 @@ class WorkerPool:
         """Spawn the workers; must run inside the event loop that will use the pool."""
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
+            raise_open_file_limit()
             for slot in self.slots:
                 self._spawn(slot)
             self._watchdog = self._loop.create_task(self._watch())
