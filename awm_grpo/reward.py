@@ -41,8 +41,8 @@ def outcome(args: argparse.Namespace, awm: dict[str, Any]) -> float:
     return _knob(args, "awm_reward_other", 0.0)
 
 
-async def reward(args: argparse.Namespace, sample: Sample, **kwargs: Any) -> float:
-    """slime custom reward function (async, one sample)."""
+def score(args: argparse.Namespace, sample: Sample) -> float:
+    """The reward of one sample (module docstring)."""
     awm = (sample.metadata or {}).get("awm")
     if awm is None:
         raise ValueError("sample has no metadata['awm']: use awm_grpo.rollout.generate as the generate function")
@@ -52,3 +52,12 @@ async def reward(args: argparse.Namespace, sample: Sample, **kwargs: Any) -> flo
     if awm.get("verdict") == "format_error":  # terminated at the invalid call: no outcome to score
         return penalty
     return outcome(args, awm) + penalty
+
+
+async def reward(args: argparse.Namespace, sample: Sample | list[Sample], **kwargs: Any) -> float | list[float]:
+    """slime custom reward function (async): one sample, or a list in slime's batch form, which slime
+    uses with --group-rm and whenever generate returned a list (B1's sliding window: an episode and
+    its windowed turns' samples)."""
+    if isinstance(sample, list):
+        return [score(args, s) for s in sample]
+    return score(args, sample)

@@ -132,6 +132,24 @@ def test_windowed_turns_train_in_their_own_samples_under_the_context_the_engine_
         advantages(args, [a, seg, b])
 
 
+def test_a_windowed_episode_is_scored_through_slime_s_own_group_path(tiny_model_dir, scripted, tmp_path):
+    """slime's generate_and_rm_group (as a training step calls it): a generate function that returns a
+    list gets the reward function's batch form, so every sample of the episode is scored."""
+    from slime.rollout.sglang_rollout import generate_and_rm_group
+
+    scripted.reset()
+    args = make_args(tiny_model_dir, scripted.url, tmp_path, history_window_turns=1, credit_method="b1")
+    args.calculate_per_token_loss = True
+    args.custom_generate_function_path, args.custom_rm_path = "awm_grpo.rollout.generate", "awm_grpo.reward.reward"
+    scripted.reply(LIST, call("checkout_copy", copy_id=1), "Checked out copy LIB-000101 of Project Hail Mary.")
+    meta = {"scenario": SCENARIO, "task_idx": 3, "task": "", "task_type": "state_mutating"}
+    out = asyncio.run(generate_and_rm_group(args, [Sample(index=0, group_index=0, prompt="", metadata=meta)],
+                                            sampling_params_from_args(args)))
+    assert len(out) == 2 and "awm_segment" in out[1].metadata  # 3 turns: the third is windowed
+    assert out[0].metadata["awm"]["verdict"] == "complete"
+    assert [s.reward for s in out] == [1.0, 1.0]  # the segment is scored as its episode
+
+
 def test_evaluation_uses_the_window_but_returns_one_sample(tiny_model_dir, scripted, tmp_path):
     scripted.reset()
     GenerateState.reset()
