@@ -99,11 +99,18 @@ def grpo_env(opts: argparse.Namespace, out: Path, warm: int, seed: int) -> dict[
             "TRAIN_SEED": str(seed)}
 
 
+def finished(run_dir: Path, steps: int) -> bool:
+    """A run is done when its latest checkpoint is its last step; an interrupted one is started again and
+    resumes from its latest checkpoint (the launcher loads SAVE_DIR)."""
+    latest = run_dir / "latest_checkpointed_iteration.txt"
+    return latest.exists() and int(latest.read_text().strip()) >= steps - 1  # rollout ids count from 0
+
+
 def trained_model(run_dir: Path) -> Path:
     """The last checkpoint's HF folder of a finished launcher run."""
     latest = run_dir / "latest_checkpointed_iteration.txt"
     if not latest.exists():
-        raise SystemExit(f"{run_dir} has no checkpoint: the GRPO run failed (see {run_dir / 'learning.log'})")
+        raise SystemExit(f"{run_dir} has no checkpoint: the GRPO run failed (see {run_dir.parent / run_dir.name}.log)")
     return run_dir / f"iter_{int(latest.read_text().strip()):07d}" / "model"
 
 
@@ -155,7 +162,7 @@ def run_all(opts: argparse.Namespace, out: Path) -> None:
         config = None
         for g in opts.grpo_seeds:
             run_dir = out / f"rl-ws{w}-s{g}"
-            if not (run_dir / "latest_checkpointed_iteration.txt").exists():
+            if not finished(run_dir, opts.steps):
                 _run(f"GRPO ws{w} seed {g}", ["bash", str(REPO / "awm_grpo" / "run_awm_grpo.sh")],
                      out / f"rl-ws{w}-s{g}.log", opts, grpo_env(opts, out, w, g))
             config = config or run_dir / "awm_runtime.yaml"  # the same awm_* keys for every run of a start

@@ -74,11 +74,14 @@ def test_grpo_runs_are_valid_launcher_jobs_with_a_step_budget(tmp_path):
         assert flag in text, flag
 
 
-def test_trained_model_is_the_last_checkpoint_and_a_missing_one_says_where_to_look(tmp_path):
+def test_a_run_is_finished_at_its_last_step_and_its_model_is_that_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="no checkpoint"):
         learning.trained_model(tmp_path)
-    (tmp_path / "latest_checkpointed_iteration.txt").write_text("150\n")
-    assert learning.trained_model(tmp_path) == tmp_path / "iter_0000150" / "model"
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("79\n")
+    assert not learning.finished(tmp_path, steps=150)  # interrupted: run again, it resumes from step 79
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("149\n")
+    assert learning.finished(tmp_path, steps=150)
+    assert learning.trained_model(tmp_path) == tmp_path / "iter_0000149" / "model"
 
 
 @pytest.mark.slow
