@@ -285,6 +285,65 @@ def test_calls_that_queue_behind_a_busy_worker_share_one_write(fault_data_dir, c
     run(main())
 
 
+def test_a_batch_s_replies_leave_in_one_write(fault_data_dir, cache_dir):
+    """Calls queued behind a busy worker are read in one go; their replies come back in one write (one read
+    here) instead of one each, and each is still its own episode's."""
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            eps = [await rt.open("faults") for _ in range(6)]
+            protocol = eps[0]._slot.transport.get_protocol()
+            reads: list[int] = []
+            real = protocol.data_received
+            protocol.data_received = lambda data: (reads.append(len(data)), real(data))[1]
+            busy = asyncio.ensure_future(eps[0].call("slow", {"seconds": 0.3}))
+            await asyncio.sleep(0.1)  # the worker is inside the slow call; the next five queue behind it
+            results = await asyncio.gather(*(ep.call("add_note", {"text": f"note {i}"})
+                                             for i, ep in enumerate(eps[1:], 1)))
+            assert not (await busy).is_error and [r.is_error for r in results] == [False] * 5
+            assert len(reads) == 2, reads  # the slow call's reply, then the five together
+            for i, ep in enumerate(eps[1:], 1):
+                assert notes(ep.db_path)[-1] == f"note {i}"
+
+    run(main())
+
+
+def test_a_reply_held_for_its_batch_is_sent_while_a_slow_call_runs(fault_data_dir, cache_dir):
+    """A reply waits for the rest of its batch only briefly: a slow call after it does not delay it."""
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            eps = [await rt.open("faults") for _ in range(3)]
+            busy = asyncio.ensure_future(eps[0].call("slow", {"seconds": 0.2}))
+            await asyncio.sleep(0.05)
+            t0 = time.monotonic()
+            quick = asyncio.ensure_future(eps[1].call("list_notes", {}))
+            slow = asyncio.ensure_future(eps[2].call("slow", {"seconds": 1.0}))  # same batch, after `quick`
+            assert not (await quick).is_error
+            assert time.monotonic() - t0 < 0.8  # well before the slow call ends
+            assert not (await slow).is_error and not (await busy).is_error
+
+    run(main())
+
+
+def test_a_worker_dying_inside_a_batch_blames_the_request_that_killed_it(fault_data_dir, cache_dir):
+    """A call that kills its worker after others of its batch ran (their replies were still held): the crash
+    is blamed on it (the worker's progress record), not on the first request of the batch."""
+    async def main():
+        with EnvRuntime(fault_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            eps = [await rt.open("faults") for _ in range(4)]
+            busy = asyncio.ensure_future(eps[0].call("slow", {"seconds": 0.3}))
+            await asyncio.sleep(0.1)
+            outcomes = await asyncio.gather(eps[1].call("list_notes", {}), eps[2].call("crash", {}),
+                                            eps[3].call("list_notes", {}), return_exceptions=True)
+            assert not (await busy).is_error
+            assert isinstance(outcomes[1], WorkerCrashed) and outcomes[1].culprit
+            assert isinstance(outcomes[2], WorkerCrashed) and not outcomes[2].culprit  # queued behind it
+            first = outcomes[0]  # ran before the crash: its reply was held, or sent if the machine stalled
+            assert not isinstance(first, BaseException) or (isinstance(first, WorkerCrashed) and not first.culprit)
+            assert rt.pool.restarts == 1
+
+    run(main())
+
+
 MANY_EPISODES = """
 import asyncio, resource, sys
 from awm.episode import EnvRuntime

@@ -4,7 +4,9 @@ Each worker (`awm.runtime.worker`) is a separate Python process with an allow-li
 The pool talks to it over a socketpair registered with the running event loop: replies are
 parsed in the loop itself and resolve the waiting futures directly (no helper threads, few
 system calls per tool call). A watchdog task enforces per-request deadlines: a worker whose
-current request overruns is killed (it may be stuck in generated code) and replaced at once.
+current request overruns is killed (it may be stuck in generated code) and replaced at once. A
+worker answers a batch of requests in one write, so which request runs now comes from a record
+the worker writes in shared memory (`wire.Progress`): it times that request and takes the blame.
 
 Placement: an episode goes to the worker minimising `open episodes + LOAD_PENALTY` (the
 penalty applies where its scenario is not yet loaded), so a popular scenario spreads over
@@ -45,7 +47,8 @@ class InfraError(RuntimeError):
     """The environment infrastructure failed; not the agent's fault, never a reward of 0.
 
     `culprit` is True on the request that was running when its worker died or overran (the worker
-    serves one request at a time, so that request caused it); False on the bystanders queued behind.
+    serves one request at a time, so that request caused it; its progress record names it); False on
+    the bystanders: those queued behind it, and those of its batch whose replies died with the worker.
     """
 
     culprit = False
@@ -90,7 +93,8 @@ class WorkerSlot:
     outbox: list[bytes] = field(default_factory=list)  # frames not written yet (one write per loop iteration)
     flush_scheduled: bool = False
     pending: OrderedDict[int, _Pending] = field(default_factory=OrderedDict)
-    head_started: float = 0.0
+    head_started: float = 0.0  # when the worker last answered (or became busy): the fallback clock
+    progress: wire.Progress | None = None
     loaded: OrderedDict[str, asyncio.Future] = field(default_factory=OrderedDict)  # scenario -> load (LRU)
     episodes: dict[str, str] = field(default_factory=dict)  # episode id -> scenario
     dead_reason: str = ""
@@ -182,6 +186,9 @@ class WorkerPool:
 
     def _spawn(self, slot: WorkerSlot) -> None:
         parent_sock, child_sock = socket.socketpair()
+        if slot.progress is not None:
+            slot.progress.close()
+        slot.progress = wire.Progress.create()
         workdir = self.worker_dir(slot)
         os.makedirs(workdir, exist_ok=True)
         env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
@@ -189,10 +196,10 @@ class WorkerPool:
                                                         env.get("PYTHONPATH", "")] if p)
         env["TMPDIR"] = workdir  # SQLite's and tempfile's scratch files stay where the worker may write
         config = json.dumps({"dir": workdir, "read": self.read_dirs, "lockdown": self.lockdown,
-                             "direct_dispatch": self.direct_dispatch})
+                             "direct_dispatch": self.direct_dispatch, "progress_fd": slot.progress.fd})
         # cwd is the worker's dir: `-m` puts it first on sys.path, and sys.path entries are readable
         slot.proc = subprocess.Popen([sys.executable, "-m", "awm.runtime.worker", str(child_sock.fileno()), config],
-                                     pass_fds=(child_sock.fileno(),), env=env, start_new_session=True,
+                                     pass_fds=(child_sock.fileno(), slot.progress.fd), env=env, start_new_session=True,
                                      stdin=subprocess.DEVNULL, cwd=workdir)
         child_sock.close()
         parent_sock.setblocking(False)
@@ -229,18 +236,19 @@ class WorkerPool:
         if slot.generation != generation:
             return
         self._kill(slot)
+        culprit = None if recycled or self._closed or not slot.pending else self._running(slot)[0]
         code = slot.proc.returncode if slot.proc else None
         if code is not None and not recycled:
             reason += f" (exit code {code})"
         if not self._closed and not recycled:
             log.warning("%s; %d requests and %d episodes fail as infrastructure errors", reason,
                         len(slot.pending), len(slot.episodes))
-        pending = list(slot.pending.values())
+        pending = list(slot.pending.items())
         slot.generation += 1
         slot.dead_reason = reason
-        for index, item in enumerate(pending):
+        for req_id, item in pending:
             exc = exc_type(f"{reason} during '{item.op}'")
-            exc.culprit = index == 0 and not recycled
+            exc.culprit = req_id == culprit
             _fail(item.future, exc)
         for fut in slot.loaded.values():
             _fail(fut, exc_type(f"{reason} while loading"))
@@ -265,6 +273,20 @@ class WorkerPool:
                 pass
             slot.proc.wait(timeout=10)
 
+    @staticmethod
+    def _running(slot: WorkerSlot) -> tuple[int, _Pending, float]:
+        """The request `slot`'s worker runs now, and since when (it has pending requests).
+
+        The progress record names it, unless the worker has not started any pending request yet (it is
+        between batches): then it is the oldest pending one, timed from the worker's last answer."""
+        if slot.progress is not None:
+            req_id, started = slot.progress.running()
+            item = slot.pending.get(req_id)
+            if item is not None:
+                return req_id, item, max(started, item.submitted)
+        req_id, item = next(iter(slot.pending.items()))
+        return req_id, item, max(slot.head_started, item.submitted)
+
     async def _watch(self) -> None:
         while not self._closed:
             await asyncio.sleep(0.05)
@@ -272,10 +294,10 @@ class WorkerPool:
             for slot in self.slots:
                 if not slot.pending or slot.transport is None:
                     continue
-                head = next(iter(slot.pending.values()))
-                if now - max(slot.head_started, head.submitted) > head.timeout_s:
-                    self._on_death(slot, slot.generation, f"worker {slot.index}: '{head.op}' exceeded "
-                                   f"{head.timeout_s:.1f} s; worker killed and replaced", ToolTimeout)
+                _, item, since = self._running(slot)
+                if now - since > item.timeout_s:
+                    self._on_death(slot, slot.generation, f"worker {slot.index}: '{item.op}' exceeded "
+                                   f"{item.timeout_s:.1f} s; worker killed and replaced", ToolTimeout)
 
     # ---- requests --------------------------------------------------------------------
     def submit(self, slot: WorkerSlot, op: str, payload: dict[str, Any], timeout_s: float,
@@ -377,3 +399,6 @@ class WorkerPool:
             self._watchdog.cancel()
         for slot in self.slots:
             self._on_death(slot, slot.generation, "the worker pool was closed")
+            if slot.progress is not None:
+                slot.progress.close()
+                slot.progress = None
