@@ -221,6 +221,22 @@ def _group_failed(result: Any) -> bool:
     return any(s.status == Sample.Status.ABORTED for s in result)
 
 
+# What a bug in generate or reward code raises, the same way on every try. Engine and environment
+# failures do not look like this: they come back as aborted samples, or as connection, timeout and
+# infrastructure errors (RuntimeError, OSError), which a retry after an engine check can cure.
+CODE_ERRORS = (AttributeError, NameError, TypeError, ImportError, SyntaxError, AssertionError, LookupError,
+               ZeroDivisionError, NotImplementedError, RecursionError)
+
+
+def _code_bug(errors: list[BaseException], aborted: int) -> tuple[type, str] | None:
+    """The signature (type, message) of a round's failures when they all look like one bug in plugin code:
+    no group aborted, and every failed group raised the same code error with the same message."""
+    if aborted or not errors or not all(isinstance(e, CODE_ERRORS) for e in errors):
+        return None
+    signatures = {(type(e), str(e)) for e in errors}
+    return signatures.pop() if len(signatures) == 1 else None
+
+
 async def generate_rollout(
     args: argparse.Namespace,
     rollout_id: int,
@@ -238,6 +254,11 @@ async def generate_rollout(
     aborted (an engine died) are regenerated from their prompts after `on_failure` (the trainer's
     engine health check and restart), at most `--max-step-retries` times. Kept groups beyond the
     batch size go back to the data source, so the next step starts with them.
+
+    A bug in generate or reward code fails the step at once instead (`RolloutFailedError` from the
+    plugin's own exception) when every group of a round (two or more) failed with one `CODE_ERRORS`
+    exception and message. When only some groups failed that way (a record the reward cannot handle),
+    they are retried without an engine check: the engines are not at fault.
     """
     if evaluation:
         return await _eval_rollout_output(args)
@@ -278,13 +299,21 @@ async def generate_rollout(
                     insufficient.append(entry)
         if retry_prompts:
             failures += 1
-            logger.warning("step %d: %d groups failed (%s); checking engines and retrying", rollout_id,
-                           len(retry_prompts), "; ".join(f"{type(e).__name__}: {e}" for e in errors[:2]) or "aborted")
+            bug = _code_bug(errors, aborted=len(retry_prompts) - len(errors))
+            if bug is not None and len(errors) == len(groups) >= 2:
+                raise RolloutFailedError(
+                    f"step {rollout_id}: all {len(errors)} groups failed with {bug[0].__name__}: {bug[1]} -- a bug "
+                    "in the generate or reward code (its traceback is above this line), not an engine failure: "
+                    "retrying cannot cure it"
+                ) from errors[0]
+            logger.warning("step %d: %d groups failed (%s); %s", rollout_id, len(retry_prompts),
+                           "; ".join(f"{type(e).__name__}: {e}" for e in errors[:2]) or "aborted",
+                           "retrying them (a code error: no engine check)" if bug else "checking engines and retrying")
             if failures > args.max_step_retries:
                 raise RolloutFailedError(
                     f"step {rollout_id}: groups still failing after {args.max_step_retries} retries: {errors[:1]}"
                 )
-            if on_failure is not None:
+            if on_failure is not None and bug is None:
                 await on_failure(errors)
         elif len(kept) + len(insufficient) >= args.rollout_batch_size and len(kept) < args.rollout_batch_size:
             kept += insufficient[: args.rollout_batch_size - len(kept)]
