@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -231,6 +232,20 @@ def _truncate(encoder: ChatEncoder, text: str, limit: int) -> str:
     return encoder.tok.decode(ids[:limit]) + TRUNCATION_MARKER.format(n=len(ids) - limit)
 
 
+def turn_seed(args: argparse.Namespace, sample: Sample, turn: int, evaluation: bool) -> int | None:
+    """The `sampling_seed` of one model turn: fixed by the rollout seed, the sample and the turn.
+
+    Without it an engine seeds each request by its arrival order, and the arrival order of concurrent
+    multi-turn episodes depends on tool-call timings: two runs with the same seeds sampled differently.
+    The CPU engine samples each request from its own generator seeded with this; SGLang uses it under
+    `--enable-deterministic-inference` and ignores it otherwise (its own `SamplingParams.sampling_seed`).
+    None for a sample without an index: one seed shared by a whole group would make its episodes identical."""
+    if sample.index is None:
+        return None
+    key = f"{getattr(args, 'rollout_seed', 0)}/{'eval' if evaluation else 'train'}/{sample.index}/{turn}"
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 1  # < 2**63
+
+
 Policy = Callable[[list[int], dict[str, Any]], Awaitable[dict[str, Any]]]
 """A model turn: (input ids, sampling params) -> SGLang's /generate reply ({"meta_info": {...}})."""
 
@@ -334,6 +349,10 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
             sample.status, episode.stop_reason = Sample.Status.TRUNCATED, "context_budget"
             break
         params = dict(sampling_params, max_new_tokens=min(left, cfg.max_tokens_per_turn or left))
+        if params.get("sampling_seed") is None:
+            turn = sum(m["role"] == "assistant" for m in episode.messages)
+            if (seed := turn_seed(args, sample, turn, evaluation)) is not None:
+                params["sampling_seed"] = seed
         context = list(sample.tokens)
         windowed = cfg.history_window_turns is not None \
             and sum(m["role"] == "assistant" for m in episode.messages) > cfg.history_window_turns

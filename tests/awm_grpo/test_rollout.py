@@ -87,6 +87,29 @@ def test_solving_a_task_lays_out_tokens_masks_and_logprobs_turn_by_turn(tiny_mod
     assert awm["drift_tokens"] == 0  # scripted replies tokenise canonically: no drift
 
 
+def test_every_turn_has_a_sampling_seed_fixed_by_the_run_the_sample_and_the_turn(tiny_model_dir, engine, tmp_path):
+    """Seeds that do not depend on arrival order: the same sample replays with the same seeds, another sample or
+    turn gets another, and a seed the caller set is kept (the CPU engine samples each request from its own
+    generator: tests/slime/test_cpu_engine.py)."""
+    args = make_args(tiny_model_dir, engine.url, tmp_path)
+
+    def seeds(index: int, **params) -> list[int]:
+        engine.reset()
+        engine.reply(LIST, "done")
+        sample = Sample(index=index, group_index=0, prompt="", metadata={"scenario": SCENARIO, "task_idx": 3,
+                                                                         "task": "", "task_type": "state_mutating"})
+        asyncio.run(generate(args, sample, {**sampling_params_from_args(args), **params}))
+        return [r["sampling_params"].get("sampling_seed") for r in engine.requests]
+
+    first = seeds(0)
+    assert len(first) == 2 and len(set(first)) == 2 and all(isinstance(s, int) and 0 <= s < 2**63 for s in first)
+    assert seeds(0) == first  # a rerun
+    assert not set(seeds(1)) & set(first)  # another sample of the group
+    assert seeds(0, sampling_seed=5) == [5, 5]
+    args.rollout_seed += 1
+    assert not set(seeds(0)) & set(first)  # another run seed
+
+
 def test_drift_check_reports_a_non_canonical_tokenisation(tiny_model_dir, engine, tmp_path):
     args = make_args(tiny_model_dir, engine.url, tmp_path)
     engine.reply(LIST, "done")
