@@ -110,7 +110,7 @@ def trained_model(run_dir: Path) -> Path:
     """The last checkpoint's HF folder of a finished launcher run."""
     latest = run_dir / "latest_checkpointed_iteration.txt"
     if not latest.exists():
-        raise SystemExit(f"{run_dir} has no checkpoint: the GRPO run failed (see {run_dir.parent / run_dir.name}.log)")
+        raise SystemExit(f"{run_dir} has no checkpoint: the GRPO run failed (see {run_dir}.log)")
     return run_dir / f"iter_{int(latest.read_text().strip()):07d}" / "model"
 
 

@@ -349,13 +349,11 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
             sample.status, episode.stop_reason = Sample.Status.TRUNCATED, "context_budget"
             break
         params = dict(sampling_params, max_new_tokens=min(left, cfg.max_tokens_per_turn or left))
-        if params.get("sampling_seed") is None:
-            turn = sum(m["role"] == "assistant" for m in episode.messages)
-            if (seed := turn_seed(args, sample, turn, evaluation)) is not None:
-                params["sampling_seed"] = seed
+        turn = sum(m["role"] == "assistant" for m in episode.messages)  # model turns so far
+        if params.get("sampling_seed") is None and (seed := turn_seed(args, sample, turn, evaluation)) is not None:
+            params["sampling_seed"] = seed
         context = list(sample.tokens)
-        windowed = cfg.history_window_turns is not None \
-            and sum(m["role"] == "assistant" for m in episode.messages) > cfg.history_window_turns
+        windowed = cfg.history_window_turns is not None and turn > cfg.history_window_turns
         if windowed:
             kept = window_messages(episode.messages, cfg.history_window_turns)
             context = encoder.encode(encoder.render(kept, add_generation_prompt=True))
