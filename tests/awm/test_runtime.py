@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sqlite3
 import time
 
 import pytest
 from awm.episode import EnvRuntime
 from awm.runtime.pool import LOAD_PENALTY, EnvLoadError, InfraError, ToolTimeout, WorkerCrashed
+from awm.runtime.worker import ReplyBuffer
 
 
 def run(coro):
@@ -322,6 +324,38 @@ def test_a_reply_held_for_its_batch_is_sent_while_a_slow_call_runs(fault_data_di
             assert not (await slow).is_error and not (await busy).is_error
 
     run(main())
+
+
+def test_the_reply_thread_keeps_its_own_clock_and_sends_what_the_loop_does_not():
+    """Batches sent by the serving loop never wake the reply thread (a GIL hand-over each: 60-130 us); it
+    ticks every hold_s while replies flow, parks when none do, and sends a held reply within 2 * hold_s."""
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    theirs.settimeout(2.0)
+    replies = ReplyBuffer(ours, hold_s=0.02)
+    try:
+        t0 = time.monotonic()
+        for _ in range(300):  # the serving loop's pattern: a batch's replies held, then sent together
+            work_until = time.perf_counter() + 0.0005  # the batch's requests
+            while time.perf_counter() < work_until:
+                pass
+            replies.add(b"reply")
+            ours.send(replies.take())
+            assert theirs.recv(64) == b"reply"
+            time.sleep(0.0005)  # waiting for the next batch: the GIL is free, a woken thread would take it
+        busy_s = time.monotonic() - t0
+        assert replies.ticks <= busy_s / 0.02 + 3, (replies.ticks, busy_s)  # a wake per batch: about 300
+        time.sleep(0.1)
+        parked = replies.ticks
+        time.sleep(0.2)
+        assert replies.ticks == parked  # idle: no ticks at all
+        t0 = time.monotonic()
+        replies.add(b"held")  # a slow request follows: the loop will not send it
+        assert theirs.recv(64) == b"held"
+        assert 0.015 <= time.monotonic() - t0 < 0.5
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def test_a_worker_dying_inside_a_batch_blames_the_request_that_killed_it(fault_data_dir, cache_dir):

@@ -179,9 +179,14 @@ class ReplyBuffer:
     Under load requests arrive in batches, and one write per batch instead of one per reply halves the
     caller's CPU per call (one wake-up and one parse for many replies) and saves the worker a system call a
     reply (measured: docs/performance.md). A reply is never held for long behind a slow request: a thread
-    sends whatever has waited `hold_s`, so only a request that holds the GIL in C code can delay the replies
+    looks every `hold_s` and sends whatever has waited that long, so a reply leaves within 2 * `hold_s`
+    even while a slow request runs. Only a request that holds the GIL in C code can delay the replies
     before it until it ends or its worker is killed; then those replies are lost with the worker, whose
     episodes all fail anyway, and the pool still blames the right request (`wire.Progress`).
+
+    The thread ticks on its own clock and is never woken per batch: waking it is a GIL hand-over that
+    cost the serving thread 60-130 us each time (measured), more than a whole batch's replies save. It
+    parks when a tick finds nothing added since the last one, and the next `add` wakes it.
     """
 
     def __init__(self, sock: socket.socket, hold_s: float = 0.02) -> None:
@@ -189,15 +194,21 @@ class ReplyBuffer:
         self.lock = threading.Lock()
         self.frames: list[bytes] = []
         self.since = 0.0  # when the oldest held frame was added
-        self.waiting = threading.Event()  # set while frames are held
+        self.added = False  # a frame was added since the thread's last tick
+        self.parked = False  # the thread waits on `wake` (set by the next `add`)
+        self.wake = threading.Event()
         self.thread: threading.Thread | None = None
+        self.ticks = 0  # how often the thread has looked (it must not follow the batches: tests)
 
     def add(self, frame: bytes) -> None:
         with self.lock:
             if not self.frames:
                 self.since = time.monotonic()
-                self.waiting.set()
             self.frames.append(frame)
+            self.added = True
+            wake, self.parked = self.parked, False
+        if wake:
+            self.wake.set()
         if self.thread is None:  # started on first use: after the lockdown, which allows threads
             self.thread = threading.Thread(target=self._send_stale, name="awm-reply-buffer", daemon=True)
             self.thread.start()
@@ -211,13 +222,9 @@ class ReplyBuffer:
 
     def _send_stale(self) -> None:
         while True:
-            self.waiting.wait()
             with self.lock:
-                if not self.frames:
-                    self.waiting.clear()
-                    continue
-                wait_s = self.since + self.hold_s - time.monotonic()
-                if wait_s <= 0:
+                self.ticks += 1
+                if self.frames and time.monotonic() - self.since >= self.hold_s:
                     data = b"".join(self.frames)
                     try:
                         sent = self.sock.send(data)  # non-blocking: what does not fit waits for the loop
@@ -227,8 +234,13 @@ class ReplyBuffer:
                         return  # the parent is gone; the serving loop finds out too
                     self.frames[:] = [data[sent:]] if sent < len(data) else []
                     self.since = time.monotonic()
-                    continue
-            time.sleep(wait_s)
+                self.parked = not self.added and not self.frames
+                self.added = False
+                parked = self.parked
+            if parked:
+                self.wake.wait()
+                self.wake.clear()
+            time.sleep(self.hold_s)
 
 
 async def serve(sock: socket.socket, config: dict[str, Any]) -> None:
