@@ -8,6 +8,7 @@ Phi_0 = 0 and Phi = 0, 1, 0, 1 after the four tool turns.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 import subprocess
@@ -136,6 +137,45 @@ def test_json_api_over_a_real_server(run_root):
     assert s6 == 400 and "'id'" in noid["error"]
     assert s7 == 200 and "AWM trajectory viewer" in page and '<script src="/static/app.js">' in page
     assert s8 == 200 and "async function api" in js
+
+
+def test_a_long_run_is_sent_gzipped_and_a_growing_file_is_read_again(run_root, tmp_path):
+    """A run of many episodes: the page data goes gzipped to a client that accepts it (its decoded body is the
+    plain answer), the summary cache notices a file that grew, and a record with NaN (which `json.dumps` writes
+    and orjson refuses) still loads, sent as null."""
+    lines = (run_root / "traces" / "rollout_000000.jsonl").read_text().splitlines()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rollout_000000.jsonl").write_text("\n".join(lines * 50) + "\n")
+    store = RunStore(run)
+    assert store.summary(".")["files"][0]["episodes"] == 100
+    record = json.loads(lines[0])
+    record["reward"] = float("nan")
+    with open(run / "rollout_000000.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    summary = store.summary(".")
+    assert summary["files"][0]["episodes"] == 101 and len(summary["episodes"]) == 101
+
+    async def get(encoding: str) -> tuple[str, bytes]:
+        from aiohttp import web
+
+        runner = web.AppRunner(make_app(run))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            async with aiohttp.ClientSession(auto_decompress=False) as http:
+                async with http.get(f"http://127.0.0.1:{port}/api/run?run=.", headers={"Accept-Encoding": encoding}) as r:
+                    return r.headers.get("Content-Encoding", "identity"), await r.read()
+        finally:
+            await runner.cleanup()
+
+    (plain_encoding, plain), (gzip_encoding, packed) = asyncio.run(get("identity")), asyncio.run(get("gzip"))
+    assert (plain_encoding, gzip_encoding) == ("identity", "gzip")
+    assert gzip.decompress(packed) == plain and len(packed) < len(plain) / 4
+    answer = json.loads(plain)
+    assert len(answer["episodes"]) == 101 and answer["episodes"][-1]["reward"] is None
 
 
 def _free_port() -> int:
