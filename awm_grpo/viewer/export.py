@@ -9,10 +9,9 @@ an eval or a short run; a long training run's every trajectory makes a large fil
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from awm_grpo.viewer.server import STATIC
+from awm_grpo.viewer.server import STATIC, to_json
 from awm_grpo.viewer.store import RunStore
 
 
@@ -21,7 +20,7 @@ def export_data(root: Path, max_episodes: int = 0) -> dict:
     store = RunStore(root)
     data: dict = {"root": str(store.root), "runs": list(store.runs()), "summaries": {}, "episodes": {}}
     for run in data["runs"]:
-        summary = store.summary(run)
+        summary = dict(store.summary(run))  # the store keeps its summary: cut a copy
         if max_episodes:
             summary["episodes"] = summary["episodes"][:max_episodes]
         data["summaries"][run] = summary
@@ -36,12 +35,12 @@ def export(root: Path, out_dir: Path, max_episodes: int = 0) -> Path:
     js = (STATIC / "app.js").read_text()
     if "</script" in js.lower():
         raise ValueError("app.js contains '</script': it could not be inlined into the exported page")
-    data = json.dumps(export_data(root, max_episodes), default=str).replace("</", "<\\/")
+    data = to_json(export_data(root, max_episodes)).decode().replace("</", "<\\/")
     page = page.replace('<link rel="stylesheet" href="/static/style.css">', f"<style>\n{css}\n</style>")
     page = page.replace('<script src="/static/app.js"></script>',
                         f'<script type="application/json" id="awm-data">{data}</script>\n' + f"<script>\n{js}\n</script>")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "index.html"
-    path.write_text(page)
+    path.write_text(page, encoding="utf-8")
     return path

@@ -27,11 +27,16 @@ STATIC = Path(__file__).resolve().parent / "static"
 STORE = web.AppKey("store", RunStore)
 
 
+def to_json(data: Any) -> bytes:
+    """The API's JSON (served, or embedded by the export): NaN becomes null, which the browser's JSON.parse
+    reads (json.dumps writes NaN, which it refuses); anything else unknown becomes its str()."""
+    return orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS)
+
+
 def _json(data: Any) -> web.Response:
     """A JSON answer, gzipped when the browser accepts it and it is worth it: a long run's page data is tens
     of MB of repetitive rows (a tenth of that gzipped), which over an SSH tunnel is most of the wait."""
-    body = orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS)  # NaN -> null: what JSON.parse reads
-    response = web.Response(body=body, content_type="application/json")
+    response = web.Response(body=to_json(data), content_type="application/json")
     if len(response.body) > 4096:
         response.enable_compression()  # only where Accept-Encoding allows it
     return response

@@ -176,6 +176,11 @@ def test_a_long_run_is_sent_gzipped_and_a_growing_file_is_read_again(run_root, t
     assert gzip.decompress(packed) == plain and len(packed) < len(plain) / 4
     answer = json.loads(plain)
     assert len(answer["episodes"]) == 101 and answer["episodes"][-1]["reward"] is None
+    assert traces_main(["export", str(run), str(tmp_path / "out"), "--max-episodes", "3"]) == 0  # NaN there too
+    page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    data = json.loads(page.split('<script type="application/json" id="awm-data">')[1].split("</script>")[0])
+    assert data["summaries"]["."]["curves"]["rollout"][0]["reward_mean"] is None  # NaN in the mean: null
+    assert len(data["summaries"]["."]["episodes"]) == 3
 
 
 def _free_port() -> int:
