@@ -132,8 +132,17 @@ def _parse(raw: bytes, path: Path, line: int) -> dict[str, Any]:
 
 
 def read_file(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    path = _trace_path(run_dir, name)
-    return [_parse(raw, path, i) for i, raw in enumerate(_lines(path))]
+    """Every record of a trace file. A last line that has no newline yet and does not parse is a record
+    being written (a step's traces go out in one buffered write of many MB): it is left for the next read,
+    which the file's new size brings about; a broken line anywhere else is an error."""
+    path, records = _trace_path(run_dir, name), []
+    for i, raw in enumerate(_lines(path)):
+        try:
+            records.append(_parse(raw, path, i))
+        except DataFormatError:
+            if raw.endswith(b"\n"):
+                raise
+    return records
 
 
 def curves(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -155,6 +155,13 @@ def test_a_long_run_is_sent_gzipped_and_a_growing_file_is_read_again(run_root, t
         f.write(json.dumps(record) + "\n")
     summary = store.summary(".")
     assert summary["files"][0]["episodes"] == 101 and len(summary["episodes"]) == 101
+    with open(run / "rollout_000001.jsonl", "w") as f:  # the next step's file, caught in the middle of its write
+        f.write(lines[0] + "\n" + lines[1][: len(lines[1]) // 2])
+    assert [f["episodes"] for f in store.summary(".")["files"]] == [101, 1]
+    with open(run / "rollout_000001.jsonl", "a") as f:
+        f.write(lines[1][len(lines[1]) // 2:] + "\n")
+    assert [f["episodes"] for f in store.summary(".")["files"]] == [101, 2]
+    (run / "rollout_000001.jsonl").unlink()
 
     async def get(encoding: str) -> tuple[str, bytes]:
         from aiohttp import web
