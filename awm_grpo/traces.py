@@ -29,9 +29,12 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import orjson
+from awm.data import DataFormatError
 
 LIVE_FILE = "live.jsonl"
 TRACE_KEY = "awm_trace"
@@ -175,27 +178,60 @@ def _recovery(args: argparse.Namespace, records: Sequence[dict[str, Any]], prefi
 # ---- command line ------------------------------------------------------------------------------
 
 
-def read_records(trace_dir: str | Path, pattern: str = "*.jsonl") -> list[dict[str, Any]]:
-    records = []
+def parse_record(raw: bytes, where: str) -> dict[str, Any]:
+    """One trace line. orjson first (a long run's traces are GBs), json where orjson refuses what
+    `json.dumps` writes (NaN, Infinity); `where` names the line in the error."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise DataFormatError(f"{where} is not valid JSON ({exc})") from None
+
+
+def record_lines(path: Path) -> Iterator[bytes]:
+    """The raw line of every record in a trace file (blank lines are not records)."""
+    with open(path, "rb") as f:
+        yield from (raw for raw in f if raw.strip())
+
+
+def iter_file(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of one trace file, one at a time. A last line that has no newline yet and does not parse
+    is a record being written (`_flush` writes a step's records in one buffered write of many MB): it is
+    left for a later read; a broken line anywhere else is an error."""
+    for i, raw in enumerate(record_lines(path)):
+        try:
+            yield parse_record(raw, f"{path}: episode {i}")
+        except DataFormatError:
+            if raw.endswith(b"\n"):
+                raise
+
+
+def iter_records(trace_dir: str | Path, pattern: str = "*.jsonl") -> Iterator[dict[str, Any]]:
+    """Every record of the trace files matching `pattern`, file by file, without holding them all."""
     for path in sorted(Path(trace_dir).glob(pattern)):
-        if path.name == LIVE_FILE:
-            continue
-        with open(path) as f:
-            records += [json.loads(line) for line in f if line.strip()]
-    return records
+        if path.name != LIVE_FILE:
+            yield from iter_file(path)
 
 
-def success_table(records: Sequence[dict[str, Any]], key: str) -> list[tuple[str, int, int, int]]:
-    """(group, episodes, successes, infra failures) per value of `key`."""
-    rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+def read_records(trace_dir: str | Path, pattern: str = "*.jsonl") -> list[dict[str, Any]]:
+    return list(iter_records(trace_dir, pattern))
+
+
+def success_tables(records: Iterable[dict[str, Any]], keys: Sequence[str]) -> dict[str, list[tuple[str, int, int, int]]]:
+    """Per key: (group, episodes, successes, infra failures) per value of the key, in one pass over `records`."""
+    rows: dict[str, dict[str, list[int]]] = {key: defaultdict(lambda: [0, 0, 0]) for key in keys}
     for r in records:
-        row = rows[str(r.get(key) or "unlabelled")]
-        if r.get("infra_error"):
-            row[2] += 1
-            continue
-        row[0] += 1
-        row[1] += r.get("verdict") == "complete"
-    return [(k, *v) for k, v in sorted(rows.items())]
+        for key in keys:
+            row = rows[key][str(r.get(key) or "unlabelled")]
+            if r.get("infra_error"):
+                row[2] += 1
+                continue
+            row[0] += 1
+            row[1] += r.get("verdict") == "complete"
+    return {key: [(k, *v) for k, v in sorted(table.items())] for key, table in rows.items()}
 
 
 def print_table(title: str, rows: list[tuple[str, int, int, int]]) -> None:
@@ -226,13 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("serve", "export"):
         return _viewer(args)
     if args.command == "summary":
-        records = read_records(args.trace_dir, args.pattern)
-        if not records:
+        tables = success_tables(iter_records(args.trace_dir, args.pattern), ("scenario", "task_type"))
+        if not tables["scenario"]:
             print(f"no trace records under {args.trace_dir} matching {args.pattern}", file=sys.stderr)
             return 1
-        print_table("scenario", success_table(records, "scenario"))
+        print_table("scenario", tables["scenario"])
         print()
-        print_table("task type", success_table(records, "task_type"))
+        print_table("task type", tables["task_type"])
         return 0
     live = Path(args.trace_dir) / LIVE_FILE
     offset, done = 0, Counter()

@@ -15,13 +15,11 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-from awm.data import DataFormatError
+from awm_grpo.traces import iter_file, parse_record, record_lines
 
 MAX_DEPTH = 4  # how deep under the root runs are looked for (root/RUN/traces/*.jsonl is depth 2)
 STEP_FILE = re.compile(r"^(?P<series>rollout|eval_(?P<set>.+))_(?P<step>\d+)\.jsonl$")
@@ -112,37 +110,9 @@ def _trace_path(run_dir: Path, name: str) -> Path:
     return path
 
 
-def _lines(path: Path) -> Iterator[bytes]:
-    """The raw line of every record in a trace JSONL (blank lines are not records)."""
-    with open(path, "rb") as f:
-        yield from (raw for raw in f if raw.strip())
-
-
-def _parse(raw: bytes, path: Path, line: int) -> dict[str, Any]:
-    """One record. orjson first (the first page load of a long run parses every record); json where orjson
-    refuses what `json.dumps` writes (NaN, Infinity)."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise DataFormatError(f"{path}: episode {line} is not valid JSON ({exc})") from None
-
-
 def read_file(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    """Every record of a trace file. A last line that has no newline yet and does not parse is a record
-    being written (a step's traces go out in one buffered write of many MB): it is left for the next read,
-    which the file's new size brings about; a broken line anywhere else is an error."""
-    path, records = _trace_path(run_dir, name), []
-    for i, raw in enumerate(_lines(path)):
-        try:
-            records.append(_parse(raw, path, i))
-        except DataFormatError:
-            if raw.endswith(b"\n"):
-                raise
-    return records
+    """Every record of a trace file (one being written: its complete records, `awm_grpo.traces.iter_file`)."""
+    return list(iter_file(_trace_path(run_dir, name)))
 
 
 def curves(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -206,9 +176,9 @@ def turn_views(record: dict[str, Any]) -> list[dict[str, Any]]:
 def episode(run_dir: Path, name: str, line: int) -> dict[str, Any]:
     """The full record of one episode plus its per-turn database view; `step` as in the list (the file's)."""
     path, count = _trace_path(run_dir, name), 0
-    for count, raw in enumerate(_lines(path), start=1):  # only the wanted line is parsed
+    for count, raw in enumerate(record_lines(path), start=1):  # only the wanted line is parsed
         if count - 1 == line:
-            record = _parse(raw, path, line)
+            record = parse_record(raw, f"{path}: episode {line}")
             break
     else:
         raise TraceError(f"{name} has {count} episodes, no line {line}")

@@ -233,6 +233,14 @@ def test_export_writes_one_self_contained_page(run_root, tmp_path, capsys):
     assert data["episodes"]["traces"]["rollout_000000.jsonl:0"]["turns"][1]["phi"] == 1.0
 
 
+def test_summary_command_tables_success_by_scenario_and_task_type(run_root, tmp_path, capsys):
+    assert traces_main(["summary", str(run_root / "traces")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["library_lending_1", "4", "1", "0.25", "0"]  # episodes, successes, rate, infra
+    assert {tuple(line.split()[:3]) for line in out[4:]} == {("info_seeking", "1", "0"), ("state_mutating", "3", "1")}
+    assert traces_main(["summary", str(tmp_path)]) == 1 and "no trace records" in capsys.readouterr().err
+
+
 def test_serve_and_export_refuse_a_folder_without_traces(tmp_path, capsys):
     assert traces_main(["export", str(tmp_path), str(tmp_path / "out")]) == 1
     assert "no trace files under" in capsys.readouterr().err
