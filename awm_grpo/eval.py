@@ -174,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     if opts.out:
         Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
         Path(opts.out).write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
-    traces.print_table("scenario", traces.success_table(records, "scenario"))
+    tables = traces.success_tables(records, ("scenario", "task_type"))
+    traces.print_table("scenario", tables["scenario"])
     print()
-    traces.print_table("task type", traces.success_table(records, "task_type"))
+    traces.print_table("task type", tables["task_type"])
     print(f"\nsuccess rate {success_rate(records):.3f} over {len(records)} episodes")
     return 0
 

@@ -33,9 +33,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-from awm.data import DataFormatError
-
 LIVE_FILE = "live.jsonl"
 TRACE_KEY = "awm_trace"
 logger = logging.getLogger("awm_grpo")
@@ -178,39 +175,11 @@ def _recovery(args: argparse.Namespace, records: Sequence[dict[str, Any]], prefi
 # ---- command line ------------------------------------------------------------------------------
 
 
-def parse_record(raw: bytes, where: str) -> dict[str, Any]:
-    """One trace line. orjson first (a long run's traces are GBs), json where orjson refuses what
-    `json.dumps` writes (NaN, Infinity); `where` names the line in the error."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise DataFormatError(f"{where} is not valid JSON ({exc})") from None
-
-
-def record_lines(path: Path) -> Iterator[bytes]:
-    """The raw line of every record in a trace file (blank lines are not records)."""
-    with open(path, "rb") as f:
-        yield from (raw for raw in f if raw.strip())
-
-
-def iter_file(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of one trace file, one at a time. A last line that has no newline yet and does not parse
-    is a record being written (`_flush` writes a step's records in one buffered write of many MB): it is
-    left for a later read; a broken line anywhere else is an error."""
-    for i, raw in enumerate(record_lines(path)):
-        try:
-            yield parse_record(raw, f"{path}: episode {i}")
-        except DataFormatError:
-            if raw.endswith(b"\n"):
-                raise
-
-
 def iter_records(trace_dir: str | Path, pattern: str = "*.jsonl") -> Iterator[dict[str, Any]]:
-    """Every record of the trace files matching `pattern`, file by file, without holding them all."""
+    """Every record of the trace files matching `pattern`, file by file, without holding them all (the
+    viewer's reader: a half-written last line is left for later)."""
+    from awm_grpo.viewer.store import iter_file
+
     for path in sorted(Path(trace_dir).glob(pattern)):
         if path.name != LIVE_FILE:
             yield from iter_file(path)

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from awm_grpo.traces import iter_file, parse_record, record_lines
+import orjson
+from awm.data import DataFormatError
 
 MAX_DEPTH = 4  # how deep under the root runs are looked for (root/RUN/traces/*.jsonl is depth 2)
 STEP_FILE = re.compile(r"^(?P<series>rollout|eval_(?P<set>.+))_(?P<step>\d+)\.jsonl$")
@@ -110,8 +112,39 @@ def _trace_path(run_dir: Path, name: str) -> Path:
     return path
 
 
+def parse_record(raw: bytes, where: str) -> dict[str, Any]:
+    """One trace line. orjson first (a long run's traces are GBs), json where orjson refuses what
+    `json.dumps` writes (NaN, Infinity); `where` names the line in the error."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise DataFormatError(f"{where} is not valid JSON ({exc})") from None
+
+
+def record_lines(path: Path) -> Iterator[bytes]:
+    """The raw line of every record in a trace file (blank lines are not records)."""
+    with open(path, "rb") as f:
+        yield from (raw for raw in f if raw.strip())
+
+
+def iter_file(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of one trace file, one at a time. A last line that has no newline yet and does not parse
+    is a record being written (`awm_grpo.traces` writes a step's records in one buffered write of many MB): it is
+    left for a later read; a broken line anywhere else is an error."""
+    for i, raw in enumerate(record_lines(path)):
+        try:
+            yield parse_record(raw, f"{path}: episode {i}")
+        except DataFormatError:
+            if raw.endswith(b"\n"):
+                raise
+
+
 def read_file(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    """Every record of a trace file (one being written: its complete records, `awm_grpo.traces.iter_file`)."""
+    """Every record of a trace file (one being written: its complete records, `iter_file`)."""
     return list(iter_file(_trace_path(run_dir, name)))
 
 
