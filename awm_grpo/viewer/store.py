@@ -249,10 +249,9 @@ class RunStore:
             raise TraceError(f"no run {run!r} under {self.root}: the runs are {sorted(runs)}")
         return runs[run]
 
-    def _rows_and_files(self, run: str) -> tuple[list[dict[str, Any]], list[TraceFile]]:
-        """Every episode of the run as a list row (file then line order), and its trace files."""
-        run_dir = self.run_dir(run)
-        rows, files = [], trace_files(run_dir)
+    def _episode_rows(self, run_dir: Path, files: list[TraceFile]) -> list[dict[str, Any]]:
+        """Every episode of the run's trace `files` as a list row, in file then line order."""
+        rows = []
         for tf in files:
             path = run_dir / tf.name
             key = _stat(path)
@@ -261,7 +260,7 @@ class RunStore:
                 cached = (key, [episode_row(r, tf, i) for i, r in enumerate(read_file(run_dir, tf.name))])
                 self._rows[path] = cached
             rows += cached[1]
-        return rows, files
+        return rows
 
     def episode(self, run: str, episode_id: str) -> dict[str, Any]:
         name, _, line = episode_id.rpartition(":")
@@ -272,11 +271,12 @@ class RunStore:
     def summary(self, run: str) -> dict[str, Any]:
         """What the page loads for a run: its files, curves, filter values, task texts and episode rows."""
         run_dir = self.run_dir(run)
-        stats = tuple((tf.name, *_stat(run_dir / tf.name)) for tf in trace_files(run_dir))
+        trace = trace_files(run_dir)  # run_dir and trace_files each read every file's first line: once a call
+        stats = tuple((tf.name, *_stat(run_dir / tf.name)) for tf in trace)
         cached = self._summaries.get(run)
         if cached is not None and cached[0] == stats:
             return cached[1]
-        rows, trace = self._rows_and_files(run)
+        rows = self._episode_rows(run_dir, trace)
         per_file = Counter(r["file"] for r in rows)
         files = [{"name": tf.name, "series": tf.series, "step": tf.step, "episodes": per_file[tf.name]} for tf in trace]
         # each task's text once, not once per episode: a long run has thousands of episodes per task
