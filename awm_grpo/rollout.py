@@ -68,7 +68,7 @@ class RolloutConfig:
     max_turns: int = 15
     turn_schedule: dict[str, Any] | None = None  # {"rounds": [10, 20, 30], "every": 100}
     max_tokens_per_turn: int | None = None
-    max_observation_tokens: int = 1024
+    max_observation_tokens: int = 1024  # a tool result's cap; the tool catalogue is never cut
     terminate_on_invalid_call: bool = True
     max_repeated_calls: int = 3
     enable_thinking: bool = False
@@ -207,7 +207,8 @@ class ToolRunner:
             self.repeats = self.repeats + 1 if key == self.last_key else 1
             self.last_key = key
             started = time.perf_counter()
-            if self.cfg.tool_mode == "meta" and call.name == protocol.LIST_TOOLS:
+            catalogue = self.cfg.tool_mode == "meta" and call.name == protocol.LIST_TOOLS
+            if catalogue:
                 result = ToolResult(protocol.tool_catalogue(self.env.tools), False)
             else:
                 result = await self.env.call(call.name, call.arguments)
@@ -215,7 +216,7 @@ class ToolRunner:
             self.episode.timings["env_s"] += time.perf_counter() - started
             texts.append(protocol.observation_text(result.text, result.is_error))
             records.append({"name": call.name, "arguments": call.arguments, "is_error": result.is_error,
-                            "kind": result.kind})
+                            "kind": result.kind, **({"catalogue": True} if catalogue else {})})
             if result.kind in ("invalid_arguments", "unknown_tool"):
                 self.episode.invalid_calls += 1
                 if self.cfg.terminate_on_invalid_call:
@@ -223,6 +224,14 @@ class ToolRunner:
             if self.repeats >= self.cfg.max_repeated_calls:
                 return texts, records, "repeated_call"
         return texts, records, stop
+
+
+def cap_observations(encoder: ChatEncoder, texts: list[str], calls: list[dict[str, Any]], limit: int) -> list[str]:
+    """Each tool result cut to `limit` tokens, except the tool catalogue (meta mode's `list_tools`), which
+    the model always sees whole: a tool it cannot see it cannot call, and AWM-1K's scenarios have 16-87
+    tools (code_hosting_2's 61 take about 3k Qwen3 tokens). `calls` are the turn's call records, one per text."""
+    return [text if call.get("catalogue") else _truncate(encoder, text, limit)
+            for text, call in zip(texts, calls, strict=True)]
 
 
 def _truncate(encoder: ChatEncoder, text: str, limit: int) -> str:
@@ -384,7 +393,7 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
             return  # ABORTED: slime regenerates the group; nothing to verify
         if stop is not None:
             break
-        texts = [_truncate(encoder, t, cfg.max_observation_tokens) for t in texts]
+        texts = cap_observations(encoder, texts, episode.turns[-1].get("calls", []), cfg.max_observation_tokens)
         obs_ids = encoder.observation_ids(texts, model_closed_turn=closed)
         if sample.response_length + len(obs_ids) >= budget:
             sample.status, episode.stop_reason = Sample.Status.TRUNCATED, "context_budget"

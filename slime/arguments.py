@@ -20,7 +20,7 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
   FSDP2 parameter/gradient/optimizer sharding, required on GPU for Qwen3-4B on 80 GB cards; `--bf16`
   then computes in bf16 with fp32 weights; `--bf16` is refused with the other backends, which train
   in fp32), `megatron` (a megatron-core GPTModel
-  with TP = PP = 1 trained by the torch loop, needs megatron-core from the gpu extra; CPU-tested when
+  with TP = PP = 1 trained by the torch loop, needs megatron-core from a GPU set; CPU-tested when
   installed, GPU untested; see slime/backends/megatron_backend.py); --recompute-granularity full (HF gradient checkpointing +
   LM-head chunk recompute) or selective (LM-head chunks only)
 - model: --hf-checkpoint, --model-name, --ref-load
@@ -49,7 +49,7 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
   refused with --colocate, see `finalize_args`),
   --update-weight-disk-dir, --update-weight-disk-keep-files, --update-weights-interval,
   --update-weight-buffer-size
-- checkpoints: --load, --save, --save-interval, --start-rollout-id
+- checkpoints: --load, --save, --save-interval, --keep-checkpoints (ours), --start-rollout-id
 - eval: --eval-interval, --eval-prompt-data, --n-samples-per-eval-prompt, --skip-eval-before-train,
   --eval-temperature (ours, default: the rollout temperature)
 - fault tolerance: --rollout-health-check-interval, --rollout-health-check-timeout,
@@ -188,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sglang-server-concurrency", type=int, default=512)
     g.add_argument("--sglang-mem-fraction-static", type=float, default=None,
                    help="SGLang's --mem-fraction-static (weights + KV cache share of GPU memory; sglang engines)")
+    g.add_argument("--sglang-dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                   help="SGLang's --dtype, passed to every engine explicitly so that no restart, export or "
+                        "checkpoint config can change what it serves (default with --engine-type sglang: "
+                        "bfloat16); exports and checkpoints meant for engines are written in it")
     g.add_argument("--sglang-router-ip", default=None, help="set by the trainer to the engine it starts")
     g.add_argument("--sglang-router-port", type=int, default=None)
 
@@ -271,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--load", default=None, help="resume from the latest checkpoint here, if any")
     g.add_argument("--save", default=None)
     g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--keep-checkpoints", type=int, default=None, metavar="K",
+                   help="ours: after each save, delete all but the newest K checkpoints (0 or unset: keep all, as "
+                        "upstream); the oldest goes only once the new one is complete")
     g.add_argument("--start-rollout-id", type=int, default=None)
 
     g = p.add_argument_group("eval")
@@ -373,10 +380,14 @@ def finalize_args(args: argparse.Namespace) -> None:
     if args.offload_rollout and args.update_weights_interval != 1:
         raise ArgumentError("--offload-rollout releases the engines' weights during every train step, so they "
                             "must be re-sent every step: use --update-weights-interval 1")
+    if args.engine_type == "sglang" and args.sglang_dtype is None:
+        args.sglang_dtype = "bfloat16"  # sglang's "auto" serves a float32 config as float16 (docs/gpu.md)
     if args.rollout_num_gpus % args.rollout_num_gpus_per_engine:
         raise ArgumentError("--rollout-num-gpus must be a multiple of --rollout-num-gpus-per-engine")
     if args.save_interval is not None and not args.save:
         raise ArgumentError("--save-interval needs --save")
+    if args.keep_checkpoints is not None and args.keep_checkpoints < 0:
+        raise ArgumentError(f"--keep-checkpoints must be >= 0 (0: keep all), got {args.keep_checkpoints}")
     if args.eval_interval is not None and not args.eval_prompt_data:
         raise ArgumentError("--eval-interval needs --eval-prompt-data")
     if args.eval_prompt_data:
@@ -391,3 +402,12 @@ def finalize_args(args: argparse.Namespace) -> None:
         args.eval_datasets = {}
     if args.eval_temperature is None:
         args.eval_temperature = args.rollout_temperature
+
+
+def serving_dtype(args: argparse.Namespace) -> str:
+    """The dtype the rollout engines serve, and so the dtype of every export and checkpoint model folder
+    meant for them: `--sglang-dtype` for SGLang engines (bfloat16 unless set), float32 for the CPU engine
+    (it computes in the trainer's fp32)."""
+    if getattr(args, "engine_type", "cpu") == "sglang":
+        return args.sglang_dtype or "bfloat16"
+    return "float32"

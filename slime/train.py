@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from slime.algorithms.estimators import Advantages, build_train_batch, ppo_advantages
 from slime.arguments import parse_args
-from slime.backends.checkpoint import LATEST_FILE
+from slime.backends.checkpoint import LATEST_FILE, CheckpointSaveError, failure_message
 from slime.rollout.base_types import call_rollout_fn
 from slime.rollout.data_source import RolloutDataSourceWithBuffer, load_prompts
 from slime.rollout.sglang_rollout import eval_metrics, eval_prompts, generate_rollout
@@ -314,10 +314,23 @@ class Run:
         )
         last = rollout_id + 1 == args.num_rollout
         if args.save and args.save_interval and ((rollout_id + 1) % args.save_interval == 0 or last):
-            self.data_source.save(rollout_id, state=next_data_state if in_flight is not None else None)
-            if self.critic is not None:
-                await self.critic.save.remote(args.save, rollout_id)
-            path = await self.trainer.save.remote(args.save, rollout_id, {"next_rollout_id": rollout_id + 1})
+            try:
+                what = "the data position (rollout/)"
+                self.data_source.save(rollout_id, state=next_data_state if in_flight is not None else None)
+                if self.critic is not None:
+                    what = "the critic (critic/)"
+                    await self.critic.save.remote(args.save, rollout_id)
+                path = await self.trainer.save.remote(args.save, rollout_id, {"next_rollout_id": rollout_id + 1})
+            except OSError as exc:
+                if not isinstance(exc, CheckpointSaveError):  # the data position's or the critic's file
+                    exc = CheckpointSaveError(failure_message(args.save, rollout_id, what,
+                                                              getattr(exc, "cause", None) or exc, None))
+                # Stop rather than train on without a checkpoint: the weights and optimizer state would then
+                # live only in memory, and every later save would meet the same disk. The sentence says what
+                # to free or change; `--load` resumes from the save before this one.
+                cause = getattr(exc, "cause", None) or exc  # Ray wraps the train actor's exception
+                logger.error("step %d: %s", rollout_id + 1, cause)
+                raise CheckpointSaveError(str(cause)) from None
             logger.info("saved %s", path)
         await self.resume_engine_weights()
         eval_due = bool(args.eval_interval) and (rollout_id + 1) % args.eval_interval == 0

@@ -13,11 +13,12 @@ In a training run `slime.engine.pool.EnginePool.sync_weights` picks the path fro
 `EngineClient`s (engines started by other actors, reached by URL).
 
 `DiskWeightSync` works everywhere and is the only path on CPU. `TensorWeightSync` needs CUDA; it is
-written against SGLang 0.5.23's `/update_weights_from_tensor` (CUDA IPC handles, `flattened_bucket`
-format) and `/init_weights_update_group` + `/update_weights_from_distributed` (NCCL broadcast), both
-inside `/begin_weight_update` ... `/end_weight_update`. On CPU, tests/slime/test_weight_sync_sglang.py
-forms the update group over gloo between this module and SGLang's own `init_custom_process_group`
-and receives a bucket with SGLang's own receive code; tests/gpu/device_check.sh streams the weights
+written against SGLang's `/update_weights_from_tensor` (CUDA IPC handles, `flattened_bucket` format)
+and `/init_weights_update_group` + `/update_weights_from_distributed` (NCCL broadcast), the same in both
+pinned versions (0.5.10, 0.5.23), and on 0.5.21+ inside `/begin_weight_update` ... `/end_weight_update`
+(`update_session`). On CPU, tests/slime/test_weight_sync_sglang.py forms the update group over gloo
+between this module and SGLang's own `init_custom_process_group` and receives the buckets with both
+versions' own receive code; tests/gpu/device_check.sh streams the weights
 over a one-rank NCCL group on one GPU (written, not yet run on a GPU). The full NCCL path against a
 live SGLang server has not run here.
 """
@@ -99,25 +100,28 @@ def _each(engines: Sequence[RolloutEngine], call: Callable[[RolloutEngine], Any]
 
 
 class DiskWeightSync(WeightSync):
-    """Export HF safetensors to `root/weight_v{version:06d}` (atomically: written aside, then renamed),
+    """Export HF safetensors to `root/weight_v{version:06d}` (atomically: written aside, then renamed;
+    in `dtype`, the engines' serving dtype, named in its config.json),
     have every engine load it with `/update_weights_from_disk`, check the version they report, then
     delete older version folders, keeping the newest `keep_versions` (the newest stays so that an engine
     restarting behind a router can reload it; `keep_versions=None` keeps all)."""
 
     def __init__(self, root: str | os.PathLike, *, keep_versions: int | None = 1, tokenizer: Any = None,
-                 flush_timeout_s: float = 60.0):
+                 flush_timeout_s: float = 60.0, dtype: str | None = None):
         super().__init__(flush_timeout_s=flush_timeout_s)
         if keep_versions is not None and keep_versions < 1:
             raise ValueError(f"keep_versions must be >= 1 or None (keep all), got {keep_versions}")
         self.root = Path(root)
         self.keep_versions = keep_versions
         self.tokenizer = tokenizer
+        self.dtype = dtype  # the engines' serving dtype (`slime.arguments.serving_dtype`); None: the trainer's
 
     def version_dir(self, version: int) -> Path:
         return self.root / f"weight_v{version:06d}"
 
     def _transfer(self, trainer: Any, engines: Sequence[RolloutEngine], version: int) -> None:
-        path = Path(trainer.export_hf(self.version_dir(version), self.tokenizer))
+        extra = {} if self.dtype is None else {"dtype": self.dtype}
+        path = Path(trainer.export_hf(self.version_dir(version), self.tokenizer, **extra))
         reported = _each(engines, lambda e: e.update_weights_from_disk(str(path), weight_version=str(version)))
         wrong = {engine.url: v for engine, v in zip(engines, reported, strict=True) if v != str(version)}
         if wrong:
@@ -277,7 +281,7 @@ def _sglang_serializer() -> tuple[Callable[[Any], str], type]:
         from sglang.srt.utils import MultiprocessingSerializer
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
     except ImportError as exc:
-        raise EngineError(f"TensorWeightSync needs sglang ({exc}): install the gpu extra: bash setup.sh --gpu") from exc
+        raise EngineError(f"TensorWeightSync needs sglang ({exc}): install a GPU set (picked from the NVIDIA driver): bash setup.sh --gpu") from exc
     try:  # CUDA IPC handles that name devices by UUID, so they survive CUDA_VISIBLE_DEVICES remapping
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
     except ImportError:
@@ -420,15 +424,21 @@ def broadcast_bucket(bucket: Sequence[tuple[str, torch.Tensor]], group: Any, dev
 
 @contextmanager
 def update_session(engines: Sequence[RolloutEngine]) -> Iterator[None]:
-    """SGLang (0.5.23) loads tensors only inside `/begin_weight_update` ... `/end_weight_update`
-    (outside it `/update_weights_from_distributed` and `/update_weights_from_tensor` answer 400).
-    The session is closed even when the transfer fails: an engine left with an open session refuses
-    the next `/begin_weight_update`."""
-    _each(engines, lambda e: _post_ok(e, BEGIN_WEIGHT_UPDATE.path, {}))
+    """SGLang 0.5.21 and later (0.5.23, the gpu-cu13 set) load tensors only inside
+    `/begin_weight_update` ... `/end_weight_update` (outside it `/update_weights_from_distributed` and
+    `/update_weights_from_tensor` answer 400); earlier ones (0.5.10, the gpu-cu12 set) serve neither
+    route and load at once. Each engine's version decides (`RolloutEngine.serves`, read once from
+    `/server_info`), so mixed versions work. The session is closed even when the transfer fails: an
+    engine left with an open session refuses the next `/begin_weight_update`."""
+    sessioned = [e for e, has in zip(engines, _each(engines, lambda e: e.serves(BEGIN_WEIGHT_UPDATE)), strict=True)
+                 if has]
+    if sessioned:
+        _each(sessioned, lambda e: _post_ok(e, BEGIN_WEIGHT_UPDATE.path, {}))
     try:
         yield
     finally:
-        _each(engines, lambda e: _post_ok(e, END_WEIGHT_UPDATE.path, {}))
+        if sessioned:
+            _each(sessioned, lambda e: _post_ok(e, END_WEIGHT_UPDATE.path, {}))
 
 
 def _post_ok(engine: RolloutEngine, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,19 @@
 """Subprocess side of tests/sglang_real.SglangOracle: imports the real sglang and answers questions.
 
-Run only through `SglangOracle` (PYTHONPATH from `sglang_env()`); argv[1] is the file descriptor
+Run only through `SglangOracle` (PYTHONPATH from `sglang_env(gpu_set)`); argv[1] is the file descriptor
 that answers go to, one JSON line each, so sglang's own prints cannot corrupt them.
+
+One worker serves either pinned sglang (0.5.10 of the cu12 set, 0.5.23 of the cu13 set). Where the
+versions really differ the worker says so in its first line instead of papering over it:
+`features` (what this version has: 0.5.10 has no `sglang.srt.entrypoints.api_contract`, so its
+/generate bodies are checked against GenerateReqInput and SamplingParams only) and `stand_ins` (the
+one hardware probe answered in sglang's place, see `_answer_device_probe`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import io
@@ -16,41 +23,105 @@ import sys
 import traceback
 import typing
 from importlib.metadata import version
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 import pydantic
+import sglang.srt.server_args as server_args_module
 from fastapi.routing import APIRoute
+from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.entrypoints import http_server
-from sglang.srt.entrypoints.api_contract import generate_contract_error
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 
+try:  # sglang 0.5.23: the typed JSON contract of /generate; sglang 0.5.10 has none
+    from sglang.srt.entrypoints.api_contract import generate_contract_error
+except ImportError:
+    generate_contract_error = None
+
 QWEN3_VOCAB_SIZE = 151936  # SamplingParams.verify checks token ids (logit_bias, stop ids) against it
+
+
+def _answer_device_probe() -> list[str]:
+    """sglang 0.5.10 has no CPU platform: `ServerArgs.__post_init__` asks `get_device()`, which raises
+    on a machine without an accelerator (0.5.23 leaves the device unresolved there). The probe is then
+    answered with "cpu", the device this machine has (what `--device cpu` would say); every other step
+    of `prepare_server_args` stays sglang's. Returns what was stood in for (nothing on 0.5.23)."""
+    probe = getattr(server_args_module, "get_device", None)
+    if probe is None:
+        return []
+    try:
+        probe()
+    except RuntimeError as exc:
+        server_args_module.get_device = lambda device_id=None: "cpu"
+        return [f"sglang.srt.server_args.get_device() answers 'cpu' (sglang's own raised: {exc})"]
+    return []
+
+
+def _cli_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return parser
 
 
 def _abbreviated_flags(argv: list[str]) -> list[str]:
     """Flags argparse would accept only as a prefix of a longer one (`--mem-fraction` for
     `--mem-fraction-static`): a misspelled field that happens to be a prefix must not pass."""
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    known = set(parser._option_string_actions)
+    known = set(_cli_parser()._option_string_actions)
     return [a for a in argv if a.startswith("--") and a.split("=")[0] not in known]
 
 
 def parse_server_args(argv: list[str]) -> dict[str, Any]:
-    """sglang's launcher entry (`prepare_server_args`): argparse + `ServerArgs.from_cli_args`."""
+    """sglang's launcher entry (`prepare_server_args`): argparse + `ServerArgs.from_cli_args`, whose
+    `__post_init__` resolves the rest (sglang 0.5.10 reads the model folder's config there). Flags are
+    checked first, so a refused flag is reported as such whatever the model path."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            args = prepare_server_args(argv)
+            _cli_parser().parse_args(argv)
     except SystemExit:
         return {"error": err.getvalue().strip() or "argparse exited", "fields": {}}
     inexact = _abbreviated_flags(argv)
     if inexact:
         return {"error": f"sglang took {inexact} only as abbreviations of longer flags", "fields": {}}
-    fields = json.loads(json.dumps(msgspec.structs.asdict(args), default=repr))
+    try:
+        with contextlib.redirect_stderr(err):
+            args = prepare_server_args(argv)
+    except SystemExit:
+        return {"error": err.getvalue().strip() or "argparse exited", "fields": {}}
+    # ServerArgs is a msgspec Struct in 0.5.23, a dataclass in 0.5.10
+    raw = msgspec.structs.asdict(args) if isinstance(args, msgspec.Struct) else {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    fields = json.loads(json.dumps(raw, default=repr))
     return {"error": None, "fields": fields}
+
+
+def serving_dtype(model_dir: str, dtype: str = "auto") -> str:
+    """The torch dtype sglang serves a Hugging Face model folder in: its own `ModelConfig` (which loads
+    the config with sglang's `get_config` and applies `_get_and_verify_dtype(hf_text_config, dtype)`),
+    as `--dtype dtype` would build it. float32 under "auto" is served as float16 (bfloat16 for Gemma)."""
+    config = ModelConfig(model_dir, trust_remote_code=True, dtype=dtype)
+    return str(config.dtype).removeprefix("torch.")
+
+
+def server_info_version(model_dir: str) -> Any:
+    """The `version` field of sglang's own `GET /server_info` answer: its handler run over a ServerArgs
+    parsed by sglang for `model_dir`, with the live parts a server has (tokenizer manager, scheduler
+    info) stood in."""
+    args = prepare_server_args(["--model-path", model_dir])
+
+    async def internal_state() -> list[dict[str, Any]]:
+        return [{}]
+
+    manager = SimpleNamespace(server_args=args, get_internal_state=internal_state, startup_time=0.0)
+    saved = http_server._global_state
+    http_server._global_state = SimpleNamespace(tokenizer_manager=manager, scheduler_info={})
+    try:
+        answer = asyncio.run(http_server.server_info())
+    finally:
+        http_server._global_state = saved
+    return answer["version"]
 
 
 def routes() -> dict[str, list[str]]:
@@ -153,7 +224,7 @@ def check_request(method: str, path: str, body: dict[str, Any] | None) -> list[s
         if problem:
             problems.append(problem)
     if path == "/generate":
-        contract = generate_contract_error(body)
+        contract = generate_contract_error(body) if generate_contract_error is not None else None
         if contract:
             problems.append(f"/generate contract (sglang.srt.entrypoints.api_contract): {contract}")
         try:  # what the tokenizer manager does with the dict (normalize() needs the tokenizer: skipped)
@@ -169,13 +240,18 @@ ANSWERS = {
     "body_struct": body_struct,
     "validate_body": validate_body,
     "check_request": check_request,
+    "serving_dtype": serving_dtype,
+    "server_info_version": server_info_version,
 }
 
 
 def main() -> None:
     out = os.fdopen(int(sys.argv[1]), "w")
     names = ("sglang", "torch", "transformers", "fastapi", "pydantic")
-    out.write(json.dumps({"versions": {name: version(name) for name in names}}) + "\n")
+    ready = {"versions": {name: version(name) for name in names},
+             "features": {"generate_contract": generate_contract_error is not None},
+             "stand_ins": _answer_device_probe()}
+    out.write(json.dumps(ready) + "\n")
     out.flush()
     for line in sys.stdin:
         question = json.loads(line)

@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -30,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from awm_grpo.launch import disk
 from awm_grpo.launch.config import (
     ConfigError,
     ResolvedConfig,
@@ -67,7 +69,8 @@ def runtime_config(cfg: ResolvedConfig, mcp_urls: list[str] | None = None) -> di
 def knob_flags(cfg: ResolvedConfig) -> list[str]:
     """slime.train flags of every `--flag` knob (see `awm_grpo.launch.knobs` for each target)."""
     v, cpu = cfg.values, cfg["inference.engine_type"] == "cpu"
-    skip = {"inference.sglang_mem_fraction_static"} if cpu else {"inference.engine_max_batch_size"}
+    sglang_only = {"inference.sglang_mem_fraction_static", "inference.sglang_dtype"}
+    skip = sglang_only if cpu else {"inference.engine_max_batch_size"}
     if not v["logging.wandb_enabled"]:
         skip |= {"logging.wandb_project", "logging.wandb_group", "logging.wandb_mode"}
     flags: list[str] = []
@@ -128,6 +131,24 @@ def check_against_slime(cmd: list[str]) -> list[str]:
     except ArgumentError as exc:
         errors.append(f"slime.train: {exc}")
     return errors
+
+
+def engine_commands(cmd: list[str]) -> list[str]:
+    """One `engine N: ...` line per rollout engine the command starts: SGLang's own command line (ports
+    and host are picked when each engine starts; a restart reuses these flags with the newest export
+    as --model-path), or what serves instead of SGLang."""
+    from slime.arguments import build_parser, finalize_args
+    from slime.engine.sglang_engine import launch_command
+
+    args = build_parser().parse_args(cmd[3:])
+    finalize_args(args)
+    engines = args.rollout_num_gpus // args.rollout_num_gpus_per_engine
+    if args.engine_type != "sglang":
+        return [f"engine {rank}: slime's CPU engine (slime.engine.cpu_server) serving {args.hf_checkpoint} in a "
+                f"Ray actor, up to {args.engine_max_batch_size} sequences a batch" for rank in range(engines)]
+    return [f"engine {rank}: " + shlex.join(launch_command(args, port=30000 + rank, base_gpu_id=0,
+                                                           nccl_port=31000 + rank, seed_offset=rank))
+            for rank in range(engines)]
 
 
 def extra_overrides(extra: list[str], cmd: list[str]) -> list[str]:
@@ -298,6 +319,15 @@ def main(argv: list[str] | None = None) -> int:
         check_model(cfg["paths.hf_checkpoint"], "paths.hf_checkpoint", "HF_CKPT")
         if cfg["grpo.kl_loss_coef"] > 0:
             check_model(cfg["paths.ref_checkpoint"], "paths.ref_checkpoint", "REF_CKPT")
+        space = disk.plan(cfg)  # one save, the run's peak, free space; before any work (docs/gpu.md)
+        print(disk.report(space), flush=True)
+        refusal, warning = disk.check(space)
+        if refusal and not opts.dry_run:
+            raise LaunchError(refusal)
+        if refusal:  # a dry run plans a run, often on another machine: it shows everything and says this
+            logger.warning("a real run here would stop: %s", refusal)
+        elif warning:
+            logger.warning(warning)
         logger.info(ensure_splits(cfg, opts.dry_run))
         problems = check_against_slime(cmd)
         if problems:
@@ -308,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     if opts.dry_run:
         print("runtime YAML (--custom-config-path):\n" + yaml.safe_dump(runtime_config(cfg), sort_keys=False))
         print("command:\n  " + " ".join(cmd))
+        print("engines (ports and host are picked when each engine starts; shown as 3000N, 3100N, 127.0.0.1):")
+        print("\n".join(engine_commands(cmd)))
         return 0
     return run(cfg, cmd, runtime_yaml, opts.grace)
 

@@ -111,6 +111,9 @@ KNOBS: tuple[Knob, ...] = (
     K("training.dynamic_sampling_filter", "DYNAMIC_SAMPLING_FILTER_PATH", "str", "--dynamic-sampling-filter-path",
       "group filter (null: keep every group)", nullable=True),
     K("training.save_interval", "SAVE_INTERVAL", "int", "--save-interval", "steps between checkpoints"),
+    K("training.keep_checkpoints", "KEEP_CHECKPOINTS", "int", "--keep-checkpoints",
+      "checkpoints kept: after each save all but the newest K are deleted, once the new one is complete (0: keep "
+      "all); the launcher sizes the disk for K + 1 (docs/gpu.md, Checkpoints and disk)"),
     K("training.eval_interval", "EVAL_INTERVAL", "int", "--eval-interval", "steps between evals on val"),
     K("training.n_samples_per_eval_prompt", "N_SAMPLES_PER_EVAL_PROMPT", "int", "--n-samples-per-eval-prompt",
       "samples per val prompt"),
@@ -141,7 +144,12 @@ KNOBS: tuple[Knob, ...] = (
     K("inference.eval_temperature", "EVAL_TEMPERATURE", "float", "--eval-temperature",
       "eval temperature (null: the rollout temperature)", nullable=True),
     K("inference.sglang_mem_fraction_static", "SGLANG_MEM_FRACTION_STATIC", "float", "--sglang-mem-fraction-static",
-      "SGLang KV-cache share of GPU memory (sglang engine only; null: SGLang's own)", nullable=True),
+      "share of GPU memory SGLang holds for weights + KV cache (sglang engine only; null: SGLang's own; "
+      "docs/gpu.md has the arithmetic)", nullable=True),
+    K("inference.sglang_dtype", "SGLANG_DTYPE", "str", "--sglang-dtype",
+      "what every SGLang engine serves, passed as its --dtype on every start and restart; exports and "
+      "checkpoints for engines are written in it (sglang engine only)",
+      choices=("bfloat16", "float16", "float32")),
     K("inference.sglang_server_concurrency", "SGLANG_SERVER_CONCURRENCY", "int", "--sglang-server-concurrency",
       "concurrent requests per engine"),
     K("inference.engine_max_batch_size", "ENGINE_MAX_BATCH_SIZE", "int", "--engine-max-batch-size",
@@ -167,7 +175,7 @@ KNOBS: tuple[Knob, ...] = (
       "B1's sliding window: past this many model turns the engine sees the task + the last K turns, and each such "
       "turn trains as its own sample (needs credit_method b1); null: the full history", nullable=True),
     K("environment.max_observation_tokens", "AWM_MAX_OBSERVATION_TOKENS", "int", "yaml:awm_max_observation_tokens",
-      "tool output cap (truncated with a marker)"),
+      "cap on one tool result (truncated with a marker); the tool catalogue (list_tools) is never cut"),
     K("environment.invalid_call_penalty", "AWM_INVALID_CALL_PENALTY", "float", "yaml:awm_invalid_call_penalty",
       "reward added for an invalid tool call"),
     K("environment.terminate_on_invalid_call", "AWM_TERMINATE_ON_INVALID_CALL", "bool",
@@ -291,7 +299,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         # 1.1 s a step (fp32 torch backend: 65 GiB, 7.3 s). Colocated engines release their memory
         # meanwhile (--offload-rollout, on under --colocate).
         "training.train_backend": "fsdp", "training.bf16": True, "training.recompute_granularity": "full",
-        "training.save_interval": 10, "training.eval_interval": 10, "training.n_samples_per_eval_prompt": 1,
+        "training.save_interval": 10, "training.keep_checkpoints": 2, "training.eval_interval": 10,
+        "training.n_samples_per_eval_prompt": 1,
         "training.skip_eval_before_train": True, "training.seed": 1234,
         "optimizer.lr": 1e-6, "optimizer.weight_decay": 0.1, "optimizer.adam_beta1": 0.9,
         "optimizer.adam_beta2": 0.98, "optimizer.clip_grad": 1.0,
@@ -300,10 +309,17 @@ PROFILES: dict[str, dict[str, Any]] = {
         "grpo.use_tis": False,
         "inference.engine_type": "sglang", "inference.max_response_len": 16384, "inference.max_context_len": None,
         "inference.temperature": 1.0, "inference.eval_temperature": None,
+        # SGLang's static pool (weights + KV cache) as a share of GPU memory. Colocated, the trainer sits in
+        # host memory while engines generate (0.06 GiB left on the GPU, measured), so the rest only holds
+        # SGLang's activations, CUDA graphs and the processes' CUDA contexts: 0.7, as upstream slime's
+        # colocated Qwen3-4B recipe; engines on GPUs of their own take 0.85. docs/gpu.md, KV arithmetic.
+        "inference.sglang_mem_fraction_static": Derived(
+            lambda get, g: 0.7 if get("hardware.colocate") else 0.85, "colocate: 0.7; else 0.85"),
+        "inference.sglang_dtype": "bfloat16",
         # Episodes in flight per engine (the rollout's semaphore covers a whole episode): about what the
-        # KV cache holds, 0.55 x 141 GB - 8 GB weights = ~66 GB / 144 KiB a token = ~450k tokens, ~64
-        # episodes at 7k tokens of context. SGLang queues what does not fit; 8 left the GPU idle.
-        "inference.sglang_mem_fraction_static": 0.55, "inference.sglang_server_concurrency": 64,
+        # KV cache holds, 0.7 x 150.8 GB - 8 GB weights = ~97 GB / 144 KiB a token = ~660k tokens, ~130
+        # episodes at 5k tokens of context: every episode of a step's 128 per GPU. SGLang queues the rest.
+        "inference.sglang_server_concurrency": 128,
         "inference.engine_max_batch_size": 64,
         "environment.data_dir": GPU_DATA, "environment.transport": "inprocess", "environment.mcp_urls": [],
         "environment.mcp_servers": 1, "environment.tool_mode": "meta", "environment.calls_per_turn": "first",
@@ -325,14 +341,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         "logging.wandb_group": None, "logging.wandb_mode": "offline",
     },
     "h200": {},  # >= 120 GiB: the base numbers
-    # KV cache: 0.45 x 80 GB - 8 GB weights - ~3 GB activations = ~25 GB = ~170k tokens = ~32 episodes of
-    # ~5k tokens; 16 prompts x 4 samples = 64 episodes per GPU: 256 a step on 4 GPUs, 512 on 8.
+    # KV cache: 0.7 x 85.5 GB - 8 GB weights = ~52 GB = ~350k tokens = ~70 episodes of ~5k tokens;
+    # 16 prompts x 4 samples = 64 episodes per GPU, all in flight: 256 a step on 4 GPUs, 512 on 8.
     "h100": {"training.rollout_batch_size": Derived(lambda get, g: 16 * get("hardware.rollout_num_gpus"),
                                                     "= 16 x rollout_num_gpus"),
-             "inference.max_response_len": 8192,
-             "inference.sglang_mem_fraction_static": 0.45, "inference.sglang_server_concurrency": 32},
+             "inference.max_response_len": 8192, "inference.sglang_server_concurrency": 64},
     "a100-40gb": {"training.rollout_batch_size": 2, "inference.max_response_len": 4096,
-                  "inference.sglang_mem_fraction_static": 0.35, "inference.sglang_server_concurrency": 2,
+                  "inference.sglang_server_concurrency": 2,
                   "environment.enable_thinking": False, "environment.max_observation_tokens": 1024},
     # The embedded default: bundled scenarios, a small local model, slime's CPU engine, 2 cores.
     "cpu": {
@@ -366,13 +381,13 @@ PROFILES: dict[str, dict[str, Any]] = {
 # Values above these warn: they are what the profile's hardware is sized for.
 BUDGETS: dict[str, dict[str, float]] = {
     "h200": {"inference.max_response_len": 16384, "training.max_tokens_per_gpu": 16384,
-             "inference.sglang_mem_fraction_static": 0.55, "inference.sglang_server_concurrency": 64,
+             "inference.sglang_mem_fraction_static": 0.85, "inference.sglang_server_concurrency": 128,
              "training.rollout_batch_size": 256},  # 8 GPUs' worth: past it steps grow longer, not memory
     "h100": {"inference.max_response_len": 8192, "training.max_tokens_per_gpu": 8192,
-             "inference.sglang_mem_fraction_static": 0.45, "inference.sglang_server_concurrency": 32,
+             "inference.sglang_mem_fraction_static": 0.85, "inference.sglang_server_concurrency": 64,
              "training.rollout_batch_size": 128},
     "a100-40gb": {"inference.max_response_len": 4096, "training.max_tokens_per_gpu": 4096,
-                  "inference.sglang_mem_fraction_static": 0.35, "inference.sglang_server_concurrency": 2,
+                  "inference.sglang_mem_fraction_static": 0.85, "inference.sglang_server_concurrency": 2,
                   "training.rollout_batch_size": 2},
     "cpu": {"inference.max_response_len": 4096, "training.rollout_batch_size": 8,
             "training.n_samples_per_prompt": 8, "environment.env_workers": 2},

@@ -1,35 +1,51 @@
-"""Trainer checkpoints on disk, written atomically: a killed save never leaves a half checkpoint.
+"""Trainer checkpoints on disk: written atomically, by every rank in parallel, pruned to the newest K.
 
-Layout (the shape of slime's Megatron checkpoints, with HF safetensors inside):
+Layout (format 2; the shape of slime's Megatron checkpoints, with an HF folder inside):
 
     <save_dir>/
       latest_checkpointed_iteration.txt   # the last complete iteration, e.g. "20"
       iter_0000020/
-        model/                            # save_pretrained: config.json + *.safetensors (+ the tokenizer
-                                          #   files of the run's HF checkpoint: servable and evaluable as is)
-        optimizer.pt                      # optimizer and LR-scheduler state dicts
-        rng.pt                            # torch CPU (and CUDA) generator states
-        trainer_state.json                # step, iteration, python/numpy RNG, caller's data position
+        model/              # HF folder in the serving dtype (config.json "dtype" names it), plus the
+                            #   tokenizer files of the run's HF checkpoint: servable and evaluable as is
+        trainer/            # torch.distributed.checkpoint (DCP): the optimizer state by parameter name
+                            #   and, when model/ is not the trainer's exact weights (bf16 serving, fp32
+                            #   training), the fp32 master weights; each rank writes its own shard file
+        scheduler.pt        # LR-scheduler state dict
+        rng.pt              # torch CPU (and CUDA) generator states
+        trainer_state.json  # format, step, iteration, python/numpy RNG, caller's data position, sizes
 
-An iteration is written into `iter_XXXXXXX.tmp-<pid>`, fsynced, renamed into place, and only then
-named in `latest_checkpointed_iteration.txt` (itself replaced atomically), so a crash at any moment
-leaves the previous checkpoint and the pointer to it untouched.
+Any world size and sharding loads any checkpoint: DCP reshards on load (FSDP2 shards, replicas and
+one process alike). Format 1 (model/ in fp32 + optimizer.pt holding optimizer and scheduler, written
+by rank 0 alone) still loads.
+
+An iteration is written into `iter_XXXXXXX.tmp-<pid of rank 0>`, fsynced, checked, renamed into
+place, and only then named in `latest_checkpointed_iteration.txt` (itself replaced atomically), so a
+crash at any moment leaves the previous checkpoint and the pointer to it untouched. With `keep` K,
+the iterations older than the newest K are deleted after that (with their critic and data-position
+files). A save that fails with an OSError (a full disk) removes its temporary folder and raises
+`CheckpointSaveError`, whose message names the folder, what was being written, the bytes needed and
+free, and what to do.
 
 A checkpoint damaged afterwards (a disk error, a partial copy, a hand edit) is found before it is
 loaded: each file's framing is checked (JSON parses, safetensors headers match their sizes, torch
-zip archives open). Loading then falls back to the newest older iteration that passes, and the log
-names the damaged file. Damage inside tensor data that leaves the framing intact is not detected.
+zip archives open, every DCP shard file is as long as its metadata says). Loading then falls back
+to the newest older iteration that passes, and the log names the damaged file. Damage inside
+tensor data that leaves the framing intact is not detected.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import random
 import shutil
 import struct
+import warnings
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +56,23 @@ logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
-FORMAT_VERSION = 1
-# optimizer.pt's "optimizer_format" when its state is keyed by parameter name (portable across
-# world sizes and FSDP); absent: torch's `optimizer.state_dict()` keyed by parameter index.
+TRAINER_DIR = "trainer"
+SCHEDULER_FILE = "scheduler.pt"
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
+# trainer_state.json "master_weights": where the trainer's exact weights are.
+MASTER_IN_MODEL = "model"  # model/ holds them (its dtype is the parameters' dtype)
+MASTER_IN_TRAINER = "trainer"  # trainer/ holds them under "model" (model/ is a lower-precision copy)
+# Format 1: optimizer.pt's "optimizer_format" when its state is keyed by parameter name (portable
+# across world sizes and FSDP); absent: torch's `optimizer.state_dict()` keyed by parameter index.
 OPTIMIZER_BY_NAME = "by_name"
 # What a Hugging Face folder needs besides the weights to tokenize and chat (whichever of them exist).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "generation_config.json")
+# What `--keep-checkpoints` advice names; the launcher's knob and variable set it.
+KEEP_ADVICE = ("free space there, keep fewer checkpoints (KEEP_CHECKPOINTS / --keep-checkpoints), or point "
+               "SAVE_DIR (--save) at a larger disk")
 
 
 def iteration_dir(save_dir: str | os.PathLike, iteration: int) -> Path:
@@ -64,48 +89,281 @@ def copy_tokenizer_files(src: str | os.PathLike, dest: str | os.PathLike) -> lis
     return copied
 
 
-def save_checkpoint(
-    save_dir: str | os.PathLike,
-    iteration: int,
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    state: dict[str, Any],
-    model_state_dict: dict[str, torch.Tensor] | None = None,
-    optimizer_state: dict[str, Any] | None = None,
-    tokenizer_dir: str | os.PathLike | None = None,
-) -> Path:
-    """Write iteration `iteration` under `save_dir` atomically and point the latest file at it.
+# ---- sizes ---------------------------------------------------------------------------------------
 
-    `state` must be JSON-serialisable (step counters, the data source's position). Sharded or
-    replicated trainers pass the gathered full `model_state_dict` (HF names) and `optimizer_state`
-    (keyed by parameter name, `torch.distributed.checkpoint.state_dict` style) and call this on
-    rank 0 only; by default both are taken from `model` and `optimizer`. `tokenizer_dir` (the run's
-    HF checkpoint): its tokenizer files are copied into `model/`, so the folder is a complete model.
-    """
+
+def dtype_of(name: str | torch.dtype) -> torch.dtype:
+    """torch.bfloat16 for "bfloat16" (or the dtype itself)."""
+    if isinstance(name, torch.dtype):
+        return name
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}: use bfloat16, float16 or float32")
+    return dtype
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """"bfloat16" for torch.bfloat16 (what config.json's "dtype" holds)."""
+    return str(dtype_of(dtype)).removeprefix("torch.")
+
+
+def save_sizes(parameters: int, serving_dtype: str | torch.dtype, *, master_dtype: str | torch.dtype = "float32",
+               optimizer_moments: int = 2) -> dict[str, int]:
+    """Bytes of one save of a model with `parameters` (unique) weights, trained in `master_dtype` with
+    AdamW (`optimizer_moments` tensors per weight): model/ in the serving dtype, the master weights in
+    trainer/ unless model/ already is exact, and the optimizer moments. Files below 1 MB not counted."""
+    serving, master = dtype_of(serving_dtype), dtype_of(master_dtype)
+    size = torch.empty(0, dtype=master).element_size()
+    return {
+        "model": parameters * torch.empty(0, dtype=serving).element_size(),
+        "master": 0 if serving == master else parameters * size,
+        "optimizer": parameters * size * optimizer_moments,
+    }
+
+
+def parameter_count(model_dir: str | os.PathLike) -> int:
+    """Unique weights of the HF model whose config.json is in `model_dir` (a tied head counted once),
+    counted on a meta-device model built from the config: no weight is read or allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def human_bytes(n: float) -> str:
+    """1.5 GB, 320.0 MB, 12.0 KB (decimal units, as disks are sold and `df -H` prints)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+# ---- saving --------------------------------------------------------------------------------------
+
+
+class CheckpointSaveError(OSError):
+    """A save failed (full disk, quota, unwritable or unshared folder); the message says what to do."""
+
+
+def failure_message(save_dir: str | os.PathLike, iteration: int, what: str | None, exc: BaseException | str,
+                    needed: int | None) -> str:
+    """The sentence a failed save raises: the folder, what was being written (None: refused before
+    writing anything), bytes needed and free, which checkpoint is intact, and what to do."""
     save_dir = Path(save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(save_dir)
-    final = iteration_dir(save_dir, iteration)
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    tmp.mkdir()
-    model.save_pretrained(tmp / "model", state_dict=model_state_dict)
+    try:
+        free = human_bytes(shutil.disk_usage(_existing(save_dir)).free)
+    except OSError:
+        free = "an unknown amount"
+    previous = latest_iteration(save_dir)
+    intact = (f"the previous checkpoint {iteration_dir(save_dir, previous)} is intact and `--load {save_dir}` "
+              "resumes from it" if previous is not None else f"no earlier checkpoint exists in {save_dir}")
+    failed = f"failed while writing {what}" if what else "was refused before writing anything"
+    return (f"saving checkpoint iteration {iteration} into {save_dir} {failed}: {exc}. "
+            f"{'' if needed is None else f'One save needs {human_bytes(needed)}; '}{free} is free on that "
+            f"filesystem. Nothing of this save was committed (its temporary folder is removed) and {intact}. To go "
+            f"on: {KEEP_ADVICE}.")
+
+
+def latest_iteration(save_dir: str | os.PathLike) -> int | None:
+    """The iteration `latest_checkpointed_iteration.txt` names, or None."""
+    try:
+        return int((Path(save_dir) / LATEST_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def start_save(save_dir: str | os.PathLike, iteration: int, needed: int) -> Path:
+    """Rank 0, before anything is written: clean up after killed saves, refuse when the filesystem has
+    less than `needed` bytes free (nothing written, the previous save untouched), create and return the
+    temporary folder the ranks write into."""
+    save_dir = Path(save_dir)
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(save_dir)
+        usage = shutil.disk_usage(save_dir)
+        tmp = iteration_dir(save_dir, iteration)
+        tmp = tmp.with_name(f"{tmp.name}.tmp-{os.getpid()}")
+        short = usage.total > 0 and usage.free < needed  # a FUSE mount may report 0 total: no check there
+        if not short:
+            tmp.mkdir()
+    except OSError as exc:
+        raise CheckpointSaveError(failure_message(save_dir, iteration, "the temporary folder", exc, needed)) from exc
+    if short:
+        raise CheckpointSaveError(failure_message(save_dir, iteration, None, "not enough free space for it", needed))
+    return tmp
+
+
+@contextlib.contextmanager
+def writing(save_dir: str | os.PathLike, iteration: int, tmp: Path | None, what: str, needed: int) -> Iterator[None]:
+    """Turn an OSError (or DCP's CheckpointException around one) while writing `what` into a
+    `CheckpointSaveError`; `tmp` (rank 0's) is removed first. Other exceptions pass unchanged: a
+    KeyboardInterrupt leaves `tmp` for the next save to clean up, as a killed process would."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except (OSError, CheckpointException) as exc:
+        if isinstance(exc, CheckpointSaveError):
+            raise
+        cause = _root_cause(exc)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointSaveError(failure_message(save_dir, iteration, what, cause, needed)) from None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """A DCP CheckpointException's first OSError (with its rank); else the exception itself."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        for rank, (error, _trace) in sorted(failures.items()):
+            if isinstance(error, OSError):
+                return f"rank {rank}: {error}"
+        rank, (error, _trace) = sorted(failures.items())[0]
+        text = f"{type(error).__name__}: {str(error).strip()}"
+        if "unexpected pos" in text:  # torch's archive writer (DCP writes through it) reports a short write so
+            text += " (a write came up short: the disk is full, or a quota or file-size limit was reached)"
+        return f"rank {rank}: {text}"
+    return str(exc)
+
+
+def write_trainer_state(tmp: Path, state: dict[str, Any], process_group: Any = None) -> None:
+    """Every rank: write its shard of `state` (tensors, DTensors, small objects) to `tmp/trainer` with
+    DCP. Collective when a process group exists; replicated tensors are written once, by one rank."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    no_dist = not (dist.is_available() and dist.is_initialized())
+    with _single_process_quietly():
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp / TRAINER_DIR), sync_files=True),
+                 process_group=process_group, no_dist=no_dist)
+
+
+def read_trainer_state(found: Path, state: dict[str, Any], process_group: Any = None) -> None:
+    """Every rank: fill `state` (same keys as saved, any sharding) in place from `found/trainer`."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    no_dist = not (dist.is_available() and dist.is_initialized())
+    with _single_process_quietly():
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(found / TRAINER_DIR)), process_group=process_group,
+                 no_dist=no_dist)
+
+
+@contextlib.contextmanager
+def _single_process_quietly() -> Iterator[None]:
+    """DCP warns on every call without a process group that it assumes one process: that is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def write_model_folder(folder: Path, writer: Any, state_dict: dict[str, torch.Tensor], dtype: str | torch.dtype,
+                       tokenizer: Any = None, tokenizer_dir: str | os.PathLike | None = None) -> None:
+    """save_pretrained of `state_dict` cast to `dtype`, with config.json's "dtype" saying so (sglang
+    serves a float32 config as float16 under --dtype auto); tokenizer files from either source."""
+    writer.save_pretrained(folder, state_dict=cast_state(state_dict, dtype))
+    set_config_dtype(folder, dtype)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
     if tokenizer_dir is not None:
-        copy_tokenizer_files(tokenizer_dir, tmp / "model")
-    opt: dict[str, Any] = {"scheduler": scheduler.state_dict()}
-    if optimizer_state is None:
-        opt["optimizer"] = optimizer.state_dict()
-    else:
-        opt.update(optimizer=optimizer_state, optimizer_format=OPTIMIZER_BY_NAME)
-    torch.save(opt, tmp / "optimizer.pt")
+        copy_tokenizer_files(tokenizer_dir, folder)
+
+
+def cast_state(state_dict: dict[str, torch.Tensor], dtype: str | torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors in `dtype`, on the CPU (a GPU holds one tensor's copy at a time, not the whole
+    model's); tensors that shared storage still do (a tied head stays written once)."""
+    dtype = dtype_of(dtype)
+    done: dict[tuple[int, tuple[int, ...], torch.dtype], torch.Tensor] = {}
+    out = {}
+    for name, tensor in state_dict.items():
+        if not tensor.is_floating_point() or tensor.dtype == dtype:
+            out[name] = tensor
+            continue
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+        if key not in done:
+            done[key] = tensor.detach().to("cpu", dtype)
+        out[name] = done[key]
+    return out
+
+
+def set_config_dtype(folder: str | os.PathLike, dtype: str | torch.dtype) -> None:
+    """Write `dtype` into the folder's config.json "dtype" (and transformers' older "torch_dtype" alias
+    where present): save_pretrained records the model's parameter dtype, not that of the state dict."""
+    path = Path(folder) / "config.json"
+    config = json.loads(path.read_text())
+    config["dtype"] = dtype_name(dtype)
+    if "torch_dtype" in config:
+        config["torch_dtype"] = dtype_name(dtype)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def finish_save(save_dir: str | os.PathLike, tmp: Path, iteration: int, *, scheduler: Any, payload: dict[str, Any],
+                keep: int | None = None) -> Path:
+    """Rank 0, after every rank wrote trainer/ and model/ is in `tmp`: the small files, fsync, a framing
+    check of the whole folder, the rename into place, the latest pointer, then pruning to `keep`."""
+    torch.save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
     torch.save(_torch_rng_state(), tmp / "rng.pt")
-    payload = {"format": FORMAT_VERSION, "iteration": iteration, **_host_rng_state(), "state": state}
+    payload = {"format": FORMAT_VERSION, "iteration": iteration, **_host_rng_state(), **payload}
     (tmp / STATE_FILE).write_text(json.dumps(payload, indent=1))
     _fsync_tree(tmp)
+    try:
+        check_iteration(tmp)
+    except CheckpointDamaged as exc:  # e.g. a rank wrote its shard to a folder rank 0 cannot see
+        raise OSError(f"the written checkpoint does not read back: {exc}") from None
+    final = iteration_dir(save_dir, iteration)
     _commit(tmp, final)
-    _write_atomically(save_dir / LATEST_FILE, f"{iteration}\n")
+    _write_atomically(Path(save_dir) / LATEST_FILE, f"{iteration}\n")
+    if keep:
+        try:
+            prune(save_dir, keep, newest=iteration)
+        except OSError as exc:  # the new save is in place: a failed cleanup must not report the save failed
+            logger.warning("checkpoint %s is saved, but deleting the older ones failed (%s): they still take disk "
+                           "space; the next save tries again", final, exc)
     return final
+
+
+def discard(tmp: Path | None) -> None:
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prune(save_dir: str | os.PathLike, keep: int, *, newest: int) -> list[Path]:
+    """Delete the iterations older than the newest `keep` committed ones at or below `newest` (and
+    their `critic/iter_N.pt` and `rollout/global_dataset_state_dict_N.pt`); returns what it deleted.
+    Iterations above `newest` (another timeline of the same folder) are left alone."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (or None: keep all), got {keep}")
+    save_dir = Path(save_dir)
+    iterations = sorted(_iteration_of(p) for p in save_dir.glob("iter_*") if p.is_dir() and p.name[5:].isdigit())
+    iterations = [i for i in iterations if i <= newest]
+    doomed = []
+    for old in iterations[:-keep]:
+        doomed += [iteration_dir(save_dir, old), save_dir / "critic" / f"iter_{old:07d}.pt",
+                   save_dir / "rollout" / f"global_dataset_state_dict_{old}.pt"]
+    removed = []
+    for path in doomed:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(path)
+    if removed:
+        logger.info("kept the newest %d checkpoints: deleted %s", keep, ", ".join(p.name for p in removed
+                                                                                  if p.name.startswith("iter_")))
+    return removed
+
+
+# ---- checking ------------------------------------------------------------------------------------
 
 
 class CheckpointDamaged(ValueError):
@@ -119,10 +377,11 @@ def check_iteration(found: Path) -> dict[str, Any]:
         payload = json.loads(state.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointDamaged(f"{state}: unreadable ({exc})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+    if not isinstance(payload, dict) or payload.get("format") not in READABLE_FORMATS:
         got = payload.get("format") if isinstance(payload, dict) else payload
-        raise CheckpointDamaged(f"{state}: checkpoint format {got!r}, expected {FORMAT_VERSION}")
-    for name in ("optimizer.pt", "rng.pt"):
+        raise CheckpointDamaged(f"{state}: checkpoint format {got!r}, this code reads {READABLE_FORMATS}")
+    archives = ("optimizer.pt", "rng.pt") if payload["format"] == 1 else (SCHEDULER_FILE, "rng.pt")
+    for name in archives:
         try:
             with zipfile.ZipFile(found / name) as archive:
                 archive.namelist()
@@ -133,6 +392,8 @@ def check_iteration(found: Path) -> dict[str, Any]:
         raise CheckpointDamaged(f"{found / 'model'}: no *.safetensors")
     for file in weights:
         _check_safetensors(file)
+    if payload["format"] >= 2:
+        _check_dcp(found / TRAINER_DIR)
     return payload
 
 
@@ -150,6 +411,28 @@ def _check_safetensors(file: Path) -> None:
             raise ValueError(f"{size} bytes, the header describes {8 + length + end}")
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
         raise CheckpointDamaged(f"{file}: damaged safetensors file ({exc})") from None
+
+
+def _check_dcp(folder: Path) -> None:
+    """DCP's .metadata unpickles and every shard file it names holds every item it places there."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+        ends: dict[str, int] = {}
+        for info in (metadata.storage_data or {}).values():
+            ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    except Exception as exc:  # noqa: BLE001 - a truncated pickle raises anything from EOFError to KeyError
+        raise CheckpointDamaged(f"{folder / '.metadata'}: unreadable DCP metadata ({type(exc).__name__}: "
+                                f"{exc})") from None
+    for name, end in sorted(ends.items()):
+        try:
+            size = (folder / name).stat().st_size
+        except OSError as exc:
+            raise CheckpointDamaged(f"{folder / name}: missing shard ({exc}); a rank that wrote to a folder "
+                                    "the others cannot see leaves this") from None
+        if size < end:
+            raise CheckpointDamaged(f"{folder / name}: {size} bytes, its items end at {end} (truncated)")
 
 
 def _candidates(save_dir: Path) -> list[Path]:
@@ -203,19 +486,7 @@ def _resolve(path: Path) -> tuple[Path, dict[str, Any]]:
                             f"{LATEST_FILE} names no iteration directory that exists"))
 
 
-def load_checkpoint(
-    path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> dict[str, Any]:
-    """Restore weights, optimizer, scheduler and RNG states in place; returns the trainer_state payload."""
-    found, payload = read_state(path)
-    load_hf_weights(model, found / "model")
-    opt = read_optimizer(found)
-    if opt.get("optimizer_format") == OPTIMIZER_BY_NAME:
-        raise ValueError(f"{found} holds a by-name optimizer state: load it with TorchTrainer.load_checkpoint")
-    optimizer.load_state_dict(opt["optimizer"])
-    scheduler.load_state_dict(opt["scheduler"])
-    restore_rng(found, payload)
-    return payload
+# ---- loading -------------------------------------------------------------------------------------
 
 
 def read_state(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
@@ -226,8 +497,15 @@ def read_state(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
 
 
 def read_optimizer(found: Path) -> dict[str, Any]:
-    """optimizer.pt of an iteration directory: optimizer and scheduler states (+ optimizer_format)."""
+    """Format 1's optimizer.pt: optimizer and scheduler states (+ optimizer_format)."""
     return torch.load(found / "optimizer.pt", weights_only=True)
+
+
+def read_scheduler(found: Path, payload: dict[str, Any]) -> dict[str, Any]:
+    """The LR-scheduler state of an iteration directory of either format."""
+    if payload["format"] == 1:
+        return read_optimizer(found)["scheduler"]
+    return torch.load(found / SCHEDULER_FILE, weights_only=True)
 
 
 def read_hf_weights(model_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -264,22 +542,43 @@ def load_hf_weights(model: torch.nn.Module, model_dir: str | os.PathLike) -> Non
         raise ValueError(f"{model_dir} lacks weights for {untied[:5]}: it was saved from another model")
 
 
-def export_hf(model: torch.nn.Module, out_dir: str | os.PathLike, tokenizer: Any = None,
-              state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+# ---- HF exports ------------------------------------------------------------------------------------
+
+
+def export_hf(model: Any, out_dir: str | os.PathLike, tokenizer: Any = None,
+              state_dict: dict[str, torch.Tensor] | None = None, dtype: str | torch.dtype | None = None) -> Path:
     """save_pretrained (and the tokenizer, when given) into `out_dir`, atomically; replaces an old export.
 
     `state_dict`: the gathered full weights (HF names) of a sharded model; default the model's own.
+    `dtype`: the dtype to write (and to name in config.json), e.g. the engines' serving dtype; default
+    the weights' own. A failed write (a full disk) removes the temporary folder and names `out_dir`.
     """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=state_dict)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    _fsync_tree(tmp)
-    _commit(tmp, out_dir)
+    try:
+        if dtype is None:
+            model.save_pretrained(tmp, state_dict=state_dict)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+        else:
+            weights = state_dict if state_dict is not None else model.state_dict()
+            write_model_folder(tmp, model, weights, dtype, tokenizer=tokenizer)
+        _fsync_tree(tmp)
+        _commit(tmp, out_dir)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            free = human_bytes(shutil.disk_usage(_existing(out_dir)).free)
+        except OSError:
+            free = "an unknown amount"
+        raise CheckpointSaveError(f"exporting the weights to {out_dir} failed: {exc}. {free} is free on that "
+                                  f"filesystem; the temporary folder was removed. To go on: {KEEP_ADVICE}.") from exc
     return out_dir
+
+
+# ---- files ---------------------------------------------------------------------------------------
 
 
 def _commit(tmp: Path, final: Path) -> None:
@@ -327,6 +626,8 @@ def _fsync_tree(root: Path) -> None:
         if path.is_file():
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(folder)
     _fsync_dir(root)
 
 
@@ -336,6 +637,9 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# ---- RNG -----------------------------------------------------------------------------------------
 
 
 def _torch_rng_state() -> dict[str, Any]:
@@ -372,3 +676,10 @@ def _set_host_rng_state(payload: dict[str, Any]) -> None:
 
         name, keys, pos, has_gauss, cached = payload["numpy_rng"]
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def timeout_minutes(save_bytes: int, configured: float, *, slowest_bytes_per_s: float = 50e6) -> float:
+    """The process group's collective timeout for a run that saves `save_bytes` at a time: at least
+    `configured`, and long enough for a whole save at `slowest_bytes_per_s` (a busy network
+    filesystem), since ranks wait in a collective while others write (docs/gpu.md has the arithmetic)."""
+    return max(configured, math.ceil(save_bytes / slowest_bytes_per_s / 60))

@@ -2,14 +2,15 @@
 
 What it is: the HF checkpoint's architecture built as megatron-core `GPTModel` (config mapping and
 weights from `megatron_convert`), wrapped so `TorchTrainer`'s log-probs, losses, micro-batching,
-data parallelism over replicas (gradients summed), checkpoints (HF safetensors + by-name optimizer
-state) and HF export work unchanged. Weights leave as HF safetensors, so engines load them as usual.
+data parallelism over replicas (gradients summed), checkpoints (an HF model/ folder in the serving
+dtype + the optimizer state and fp32 master weights sharded with torch.distributed.checkpoint) and HF
+export work unchanged. Weights leave as HF safetensors, so engines load them as usual.
 
 What it is not (yet): tensor / pipeline / context parallelism, Megatron's distributed optimizer,
 DDP buckets, fused kernels or Transformer Engine specs, and Megatron's torch_dist checkpoints. The
 model is built with TP = PP = 1 and the local layer spec; the optimizer is torch AdamW.
 
-Tested on CPU only where megatron-core is importable (it is in the gpu extra): there the two shims
+Tested on CPU only where megatron-core is importable (it is in both GPU sets): there the two shims
 of platform-facts section 5 are applied (`torch.cuda.current_device` -> "cpu", no CUDA RNG fork).
 On GPU it is UNTESTED HERE.
 """
@@ -43,7 +44,7 @@ def require_megatron() -> None:
     try:
         import megatron.core  # noqa: F401
     except ImportError as exc:
-        raise ImportError(f"--train-backend megatron needs megatron-core ({exc}): install the gpu extra "
+        raise ImportError(f"--train-backend megatron needs megatron-core ({exc}): install a GPU set "
                           "(bash setup.sh --gpu) or use --train-backend torch / fsdp") from exc
 
 
@@ -124,8 +125,12 @@ class _HFWriter:
         self.hf_config = hf_config
 
     def save_pretrained(self, out_dir: str | os.PathLike, state_dict: dict[str, Tensor] | None = None) -> None:
+        """The HF config and `state_dict` as written (the caller casts it and sets config.json's dtype:
+        `checkpoint.write_model_folder`)."""
         from safetensors.torch import save_file
 
+        if state_dict is None:
+            raise ValueError("_HFWriter writes the converted weights it is given: pass state_dict")
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         self.hf_config.save_pretrained(out_dir)
         save_file({k: v.contiguous() for k, v in state_dict.items()}, str(Path(out_dir) / "model.safetensors"),

@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -384,49 +386,115 @@ class TorchTrainer:
 
     def save_checkpoint(
         self, save_dir: str | os.PathLike, *, iteration: int | None = None, data_state: dict | None = None,
-        tokenizer_dir: str | os.PathLike | None = None,
+        tokenizer_dir: str | os.PathLike | None = None, dtype: str | torch.dtype | None = None,
+        keep: int | None = None,
     ) -> str:
-        """Atomically save weights, optimizer, RNG and `data_state` as `save_dir/iter_<iteration>`.
+        """Atomically save `save_dir/iter_<iteration>` (layout: `slime.backends.checkpoint`) for exact resume.
 
         iteration defaults to the optimizer step; data_state (JSON) is the caller's data position.
-        Collective: full weights and optimizer state are gathered, rank 0 writes, all ranks wait.
+        `dtype`: model/'s dtype, the engines' serving dtype (default: the parameters', fp32); when it is
+        not theirs, the fp32 master weights go to trainer/ as well. `keep`: then delete all but the
+        newest `keep` iterations (None or 0: keep all). Collective: every rank writes its shard of the
+        optimizer state (and master weights) in parallel; rank 0 writes model/ from the gathered weights.
+        A failed write (a full disk) raises `CheckpointSaveError` on every rank, the previous save intact.
         """
         iteration = self.step if iteration is None else iteration
-        state = {"step": self.step, "data_state": data_state or {}}
-        weights = self._full_hf_state()
-        optim = state_dicts.full_optimizer_state(self.runner, self.optimizer)
-        path = ckpt.iteration_dir(save_dir, iteration)
-        if self.dp.is_main:
-            path = ckpt.save_checkpoint(
-                save_dir, iteration, model=self._hf_writer(), optimizer=self.optimizer, scheduler=self.scheduler,
-                state=state, model_state_dict=weights, optimizer_state=optim, tokenizer_dir=tokenizer_dir,
-            )
-        self.dp.barrier()
-        return str(path)
+        dtype = ckpt.dtype_of(dtype) if dtype is not None else self._param_dtype()
+        exact = dtype == self._param_dtype()
+        sizes = self.checkpoint_sizes(dtype)
+        needed = sum(sizes.values())
+        main = self.dp.is_main
+        tmp, error = None, None
+        if main:
+            try:
+                tmp = ckpt.start_save(save_dir, iteration, needed)
+            except ckpt.CheckpointSaveError as exc:
+                error = str(exc)
+        tmp_name, error = self.dp.broadcast_object((str(tmp) if tmp else None, error))
+        if error is not None:
+            raise ckpt.CheckpointSaveError(error)
+        tmp = Path(tmp_name)
+        self._check_shared(save_dir, iteration, tmp, needed)
+        with ckpt.writing(save_dir, iteration, tmp if main else None,
+                          f"the sharded trainer state ({ckpt.TRAINER_DIR}/, every rank its shard)", needed):
+            ckpt.write_trainer_state(tmp, state_dicts.sharded_state(self.runner, self.optimizer, with_weights=not exact),
+                                     self.dp.group)
+        weights = self._full_hf_state()  # collective under FSDP
+        result: tuple[str | None, str | None] = (None, None)
+        if main:
+            try:
+                with ckpt.writing(save_dir, iteration, tmp, f"the model folder (model/, {ckpt.dtype_name(dtype)})",
+                                  needed):
+                    ckpt.write_model_folder(tmp / "model", self._hf_writer(),
+                                            weights if weights is not None else self.model.state_dict(), dtype,
+                                            tokenizer_dir=tokenizer_dir)
+                payload = {"state": {"step": self.step, "data_state": data_state or {}},
+                           "model_dtype": ckpt.dtype_name(dtype),
+                           "master_weights": ckpt.MASTER_IN_MODEL if exact else ckpt.MASTER_IN_TRAINER,
+                           "world_size": self.dp.world_size, "bytes": sizes}
+                with ckpt.writing(save_dir, iteration, tmp, "the scheduler, RNG and state files and the rename into "
+                                  "place", needed):
+                    path = ckpt.finish_save(save_dir, tmp, iteration, scheduler=self.scheduler, payload=payload,
+                                            keep=keep)
+                result = (str(path), None)
+            except ckpt.CheckpointSaveError as exc:
+                result = (None, str(exc))
+            except BaseException as exc:  # a bug or an interrupt: tell the waiting ranks, then raise it here
+                self.dp.broadcast_object((None, f"rank 0 failed while saving into {save_dir}: {exc!r}"))
+                raise
+        path_name, error = self.dp.broadcast_object(result)
+        if error is not None:
+            raise ckpt.CheckpointSaveError(error)
+        return path_name
+
+    def _check_shared(self, save_dir: str | os.PathLike, iteration: int, tmp: Path, needed: int) -> None:
+        """Every rank sees rank 0's temporary folder, or every rank raises saying which cannot: DCP
+        writes each rank's shard there, so a multi-node trainer needs a filesystem all nodes mount."""
+        if not self.dp.enabled:
+            return
+        seen = self.dp.gather_objects((tmp.is_dir(), socket.gethostname()))
+        blind = [f"rank {rank} on {host}" for rank, (ok, host) in enumerate(seen) if not ok]
+        if blind:
+            if self.dp.is_main:
+                ckpt.discard(tmp)
+            raise ckpt.CheckpointSaveError(ckpt.failure_message(
+                save_dir, iteration, "the sharded trainer state",
+                f"{', '.join(blind)} cannot see {tmp}, which rank 0 created: every rank writes its own shard, so "
+                "--save (SAVE_DIR) must be on a filesystem every trainer node mounts at the same path (NFS, "
+                "Lustre, ...)", needed))
+
+    def checkpoint_sizes(self, dtype: str | torch.dtype | None = None) -> dict[str, int]:
+        """Bytes one save writes: model/ in `dtype`, master weights (when model/ is not exact), optimizer."""
+        dtype = ckpt.dtype_of(dtype) if dtype is not None else self._param_dtype()
+        count = sum(p.numel() for p in self.runner.parameters())  # a DTensor's numel is its global size
+        sizes = ckpt.save_sizes(count, dtype, master_dtype=self._param_dtype())
+        state = [v for s in self.optimizer.state.values() for v in s.values() if isinstance(v, Tensor) and v.dim()]
+        if state:  # the optimizer's real state (AdamW: two moments); before the first step, the estimate
+            sizes["optimizer"] = sum(v.numel() * v.element_size() for v in state)
+        return sizes
+
+    def _param_dtype(self) -> torch.dtype:
+        return next(self.runner.parameters()).dtype
 
     def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
         """Restore the latest checkpoint under `path` (or that iteration directory) for exact resume.
 
-        Any world size and sharding can load any checkpoint (full weights, optimizer state by name).
-        Returns {"iteration", "step", "data_state", "path"}.
+        Any world size and sharding can load any checkpoint (DCP reshards trainer/; format 1: full
+        weights and by-name optimizer state). Returns {"iteration", "step", "data_state", "path"}.
         """
         found, payload = ckpt.read_state(path)
-        main = self.dp.is_main or not self.dp.fsdp  # FSDP: rank 0 reads, the others receive
-        if self.dp.fsdp:
-            weights = ckpt.read_hf_weights(found / "model") if main else {}
-            state_dicts.load_full_model_state(self.runner, weights, broadcast=self.dp.enabled)
+        main = self.dp.is_main or not self.dp.fsdp  # FSDP: rank 0 reads full tensors, the others receive
+        if payload["format"] == 1:
+            self._load_weights_folder(found, main)
+            self._load_format1_optimizer(found, main)
         else:
-            self._load_hf_folder(found / "model")
-        opt = ckpt.read_optimizer(found) if main else {}
-        if not main or opt.get("optimizer_format") == ckpt.OPTIMIZER_BY_NAME:
-            state_dicts.load_full_optimizer_state(
-                self.runner, self.optimizer, opt.get("optimizer", {}), broadcast=self.dp.fsdp and self.dp.enabled)
-        elif self.dp.fsdp:
-            raise ValueError(f"{found} holds an index-keyed optimizer state (single-process save): "
-                             "resume it without FSDP once and save again")
-        else:
-            self.optimizer.load_state_dict(opt["optimizer"])
-        scheduler = opt.get("scheduler") if main else None
+            master_in_trainer = payload["master_weights"] == ckpt.MASTER_IN_TRAINER
+            if not master_in_trainer:
+                self._load_weights_folder(found, main)
+            state = state_dicts.sharded_state(self.runner, self.optimizer, with_weights=master_in_trainer)
+            ckpt.read_trainer_state(found, state, self.dp.group)
+            state_dicts.load_sharded_state(self.runner, self.optimizer, state)
+        scheduler = ckpt.read_scheduler(found, payload) if main else None
         self.scheduler.load_state_dict(self.dp.broadcast_object(scheduler) if self.dp.fsdp else scheduler)
         ckpt.restore_rng(found, payload)
         self.step = int(payload["state"]["step"])
@@ -437,14 +505,35 @@ class TorchTrainer:
             "path": payload["path"],
         }
 
-    def export_hf(self, out_dir: str | os.PathLike, tokenizer: Any = None) -> str:
+    def _load_weights_folder(self, found: Path, main: bool) -> None:
+        """The exact weights from the iteration's model/ folder (format 1, or format 2 saved in fp32)."""
+        if self.dp.fsdp:
+            weights = ckpt.read_hf_weights(found / "model") if main else {}
+            state_dicts.load_full_model_state(self.runner, weights, broadcast=self.dp.enabled)
+        else:
+            self._load_hf_folder(found / "model")
+
+    def _load_format1_optimizer(self, found: Path, main: bool) -> None:
+        opt = ckpt.read_optimizer(found) if main else {}
+        if not main or opt.get("optimizer_format") == ckpt.OPTIMIZER_BY_NAME:
+            state_dicts.load_full_optimizer_state(
+                self.runner, self.optimizer, opt.get("optimizer", {}), broadcast=self.dp.fsdp and self.dp.enabled)
+        elif self.dp.fsdp:
+            raise ValueError(f"{found} holds an index-keyed optimizer state (single-process save): "
+                             "resume it without FSDP once and save again")
+        else:
+            self.optimizer.load_state_dict(opt["optimizer"])
+
+    def export_hf(self, out_dir: str | os.PathLike, tokenizer: Any = None, dtype: str | torch.dtype | None = None) -> str:
         """Write an HF folder (safetensors + config, tokenizer when given) for engines or release.
 
-        Collective under data parallelism: the full weights are gathered and rank 0 writes.
+        `dtype`: the dtype written and named in config.json (the engines' serving dtype, e.g. bfloat16);
+        default the parameters' own. Collective under data parallelism: the full weights are gathered
+        and rank 0 writes.
         """
         weights = self._full_hf_state()
         if self.dp.is_main:
-            ckpt.export_hf(self._hf_writer(), out_dir, tokenizer, state_dict=weights)
+            ckpt.export_hf(self._hf_writer(), out_dir, tokenizer, state_dict=weights, dtype=dtype)
         self.dp.barrier()
         return str(out_dir)
 

@@ -14,6 +14,7 @@ lp_old: the weights that generated the rollout).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -23,10 +24,12 @@ import torch
 
 from slime.algorithms.estimators import policy_loss_type
 from slime.algorithms.losses import PolicyLossConfig
+from slime.arguments import serving_dtype
 from slime.backends.distributed import init_data_parallel, shard_by_tokens
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
 from slime.utils.types import Sample
 
+logger = logging.getLogger(__name__)
 
 def trainer_config(args: argparse.Namespace) -> TrainerConfig:
     """TrainerConfig from slime's flags (--lr, --clip-grad, --max-tokens-per-gpu, --recompute-granularity)."""
@@ -47,6 +50,29 @@ def trainer_config(args: argparse.Namespace) -> TrainerConfig:
     )
 
 
+def collective_timeout_minutes(args: argparse.Namespace, world: int) -> float:
+    """--distributed-timeout-minutes, raised for runs that save (--save) on several ranks until it
+    covers one whole save at 50 MB/s: ranks wait in a collective while others write their part of a
+    checkpoint (`slime.backends.checkpoint.timeout_minutes`; docs/gpu.md, Checkpoints and disk)."""
+    configured = getattr(args, "distributed_timeout_minutes", 10.0)
+    if world <= 1 or not getattr(args, "save", None):
+        return configured
+    from slime.backends import checkpoint as ckpt
+
+    try:
+        parameters = ckpt.parameter_count(args.hf_checkpoint)
+    except (OSError, ValueError, KeyError, ImportError) as exc:  # not a folder the meta build understands
+        logger.warning("could not size a checkpoint of %s (%s): collective timeout stays %.0f min",
+                       args.hf_checkpoint, exc, configured)
+        return configured
+    needed = sum(ckpt.save_sizes(parameters, serving_dtype(args)).values())
+    minutes = ckpt.timeout_minutes(needed, configured)
+    if minutes > configured:
+        logger.info("collective timeout %.0f min (one save is %s; --distributed-timeout-minutes %.0f)", minutes,
+                    ckpt.human_bytes(needed), configured)
+    return minutes
+
+
 def uses_fsdp(args: argparse.Namespace) -> bool:
     return getattr(args, "train_backend", "torch") == "fsdp"
 
@@ -64,7 +90,7 @@ class TrainWorker:
         self.args = args
         self.rank, self.world = rank, world
         dp = init_data_parallel(rank, world, master_addr or "127.0.0.1", master_port or 0, fsdp=uses_fsdp(args),
-                                timeout_minutes=getattr(args, "distributed_timeout_minutes", 10))
+                                timeout_minutes=collective_timeout_minutes(args, world))
         ref = (args.ref_load or args.hf_checkpoint) if args.use_kl_loss else None
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         trainer_cls = TorchTrainer
@@ -83,16 +109,19 @@ class TrainWorker:
         return self.trainer.load_checkpoint(path)
 
     def save(self, save_dir: str, iteration: int, data_state: dict[str, Any]) -> str:
+        """A checkpoint whose model/ is in the engines' serving dtype; the newest --keep-checkpoints kept."""
         return self.trainer.save_checkpoint(save_dir, iteration=iteration, data_state=data_state,
-                                            tokenizer_dir=self.args.hf_checkpoint)
+                                            tokenizer_dir=self.args.hf_checkpoint, dtype=serving_dtype(self.args),
+                                            keep=getattr(self.args, "keep_checkpoints", None) or None)
 
     def export(self, out_dir: str) -> str:
-        """An HF folder with tokenizer, loadable by any engine (rank 0 writes it)."""
+        """An HF folder with tokenizer in the engines' serving dtype (config.json says which), loadable by
+        any engine (rank 0 writes it)."""
         if self._tokenizer is None and self.rank == 0:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.args.hf_checkpoint)
-        return self.trainer.export_hf(out_dir, self._tokenizer)
+        return self.trainer.export_hf(out_dir, self._tokenizer, dtype=serving_dtype(self.args))
 
     def update_weights_tensor(self, engine_urls: list[str], tp_sizes: list[int], version: int, bucket_bytes: int,
                               master_address: str) -> str:

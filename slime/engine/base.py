@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -22,6 +23,7 @@ HEALTH = Route("GET", "/health")
 HEALTH_GENERATE = Route("GET", "/health_generate")
 FLUSH_CACHE = Route("POST", "/flush_cache")
 MODEL_INFO = Route("GET", "/model_info")  # stock sglang's home of `weight_version` (no /get_weight_version)
+SERVER_INFO = Route("GET", "/server_info")  # `version`: the engine's sglang version (RolloutEngine.sglang_version)
 UPDATE_WEIGHTS_FROM_DISK = Route("POST", "/update_weights_from_disk")
 PAUSE_GENERATION = Route("POST", "/pause_generation")
 CONTINUE_GENERATION = Route("POST", "/continue_generation")
@@ -32,20 +34,40 @@ UPDATE_WEIGHTS_FROM_TENSOR = Route("POST", "/update_weights_from_tensor")
 INIT_WEIGHTS_UPDATE_GROUP = Route("POST", "/init_weights_update_group")
 UPDATE_WEIGHTS_FROM_DISTRIBUTED = Route("POST", "/update_weights_from_distributed")
 DESTROY_WEIGHTS_UPDATE_GROUP = Route("POST", "/destroy_weights_update_group")
-BEGIN_WEIGHT_UPDATE = Route("POST", "/begin_weight_update")  # sglang 0.5.23 loads tensors only inside
+BEGIN_WEIGHT_UPDATE = Route("POST", "/begin_weight_update")  # sglang >= 0.5.21 loads tensors only inside
 END_WEIGHT_UPDATE = Route("POST", "/end_weight_update")  # a begin ... end session (slime.weight_sync)
 
 # Every request the project sends to an engine, including what the router forwards (it relays the
 # client's method for /flush_cache and the deprecated info routes). tests/slime/test_sglang_conformance.py
-# checks each against the pinned sglang's own FastAPI app and request structs, and fails on an
-# engine route named anywhere in the code that is missing here.
+# checks each against both pinned sglangs' own FastAPI apps and request structs (0.5.10 of the gpu-cu12
+# set, 0.5.23 of gpu-cu13), and fails on an engine route named anywhere in the code that is missing here.
 ENGINE_ROUTES: tuple[Route, ...] = (
     GENERATE, HEALTH, HEALTH_GENERATE, FLUSH_CACHE, Route("GET", "/flush_cache"), MODEL_INFO,
-    Route("GET", "/get_model_info"), Route("GET", "/get_server_info"), UPDATE_WEIGHTS_FROM_DISK,
+    Route("GET", "/get_model_info"), SERVER_INFO, Route("GET", "/get_server_info"), UPDATE_WEIGHTS_FROM_DISK,
     PAUSE_GENERATION, CONTINUE_GENERATION, RELEASE_MEMORY, RESUME_MEMORY, ABORT,
     UPDATE_WEIGHTS_FROM_TENSOR, INIT_WEIGHTS_UPDATE_GROUP, UPDATE_WEIGHTS_FROM_DISTRIBUTED,
     DESTROY_WEIGHTS_UPDATE_GROUP, BEGIN_WEIGHT_UPDATE, END_WEIGHT_UPDATE,
 )
+# The routes of ENGINE_ROUTES that only newer sglang versions serve: route -> the first version that
+# serves it (read from sglang's wheels). Code that sends one asks `engine.serves(route)` first; every
+# other route is served by both pinned versions. sglang 0.5.21 added the weight-update session and from
+# then on loads tensors only inside it; 0.5.10 has neither and loads them at once. The conformance test
+# checks each entry both ways: served by the pinned versions at or after it, absent before it.
+ROUTES_SINCE: dict[Route, str] = {BEGIN_WEIGHT_UPDATE: "0.5.21", END_WEIGHT_UPDATE: "0.5.21"}
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """(0, 5, 10) for "0.5.10", "0.5.10.post1" or "v0.5.10": the release numbers, compared as numbers."""
+    match = re.match(r"v?(\d+(?:\.\d+)*)", version.strip())
+    if match is None:
+        raise EngineError(f"cannot read the sglang version {version!r}: expected numbers such as 0.5.23")
+    return tuple(int(part) for part in match.group(1).split("."))
+
+
+def served_by(route: Route, version: str) -> bool:
+    """Whether sglang `version` serves `route` (ROUTES_SINCE; a route not listed there: always)."""
+    since = ROUTES_SINCE.get(route)
+    return since is None or version_tuple(version) >= version_tuple(since)
 
 
 class EngineError(RuntimeError):
@@ -103,6 +125,22 @@ class RolloutEngine(abc.ABC):
         if info.get("weight_version") is None:
             raise EngineError(f"{self.url}{MODEL_INFO.path} reports no weight_version: is it an SGLang server?")
         return str(info["weight_version"])
+
+    def sglang_version(self) -> str:
+        """The engine's sglang version: the `version` field of `GET /server_info`, which both pinned
+        versions report (0.5.10 and 0.5.23); asked once per engine object."""
+        version = getattr(self, "_sglang_version", None)
+        if version is None:
+            info = self._call(*SERVER_INFO).json()
+            version = info.get("version") if isinstance(info, dict) else None
+            if not isinstance(version, str):
+                raise EngineError(f"{self.url}{SERVER_INFO.path} reports no sglang version: is it an SGLang server?")
+            self._sglang_version = version
+        return version
+
+    def serves(self, route: Route) -> bool:
+        """Whether this engine's sglang serves `route` (see ROUTES_SINCE; asks its version only for those)."""
+        return route not in ROUTES_SINCE or served_by(route, self.sglang_version())
 
     def pause_generation(self) -> None:
         self._call(*PAUSE_GENERATION, {})

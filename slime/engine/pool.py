@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,13 @@ if TYPE_CHECKING:
     from slime.ray_actors import Placement
 
 logger = logging.getLogger(__name__)
+HEALTH_TRIES = 2  # a failed /health is retried once, a second later, before the engine is restarted
+
+
+def health_window_s() -> float:
+    """SGLang's own /health window: it answers 503 only after this many seconds without progress
+    (sglang.srt.entrypoints.http_server: HEALTH_CHECK_TIMEOUT, env SGLANG_HEALTH_CHECK_TIMEOUT, 20 s)."""
+    return float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
 
 
 def quiet_transformers() -> None:
@@ -66,6 +74,10 @@ class EngineActor:
     def update_weights_from_disk(self, path: str, version: str) -> str:
         return self.engine.update_weights_from_disk(path, weight_version=version)
 
+    def exit_code(self) -> int | None:
+        """None: the engine serves from this actor's own process, which is answering."""
+        return None
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 
@@ -97,6 +109,8 @@ class EnginePool:
         self._gpu_ids: list[list[int] | None] = [None] * len(self.handles)
         self._lock = asyncio.Lock()
         self._http = httpx.AsyncClient(timeout=5.0, trust_env=False)
+        # CPU engines answer /health at once; SGLang's may take its whole window (see `_health`).
+        self.health_timeout_s = health_window_s() + 10.0 if self.engine_type == "sglang" else 5.0
 
     @property
     def engine_type(self) -> str:
@@ -166,16 +180,39 @@ class EnginePool:
             self.args.sglang_router_ip = infos[0]["url"].split("//")[1].rsplit(":", 1)[0]
             self.args.sglang_router_port = infos[0]["port"]
 
-    async def _healthy(self, i: int) -> bool:
+    async def _health(self, i: int) -> str | None:
+        """None if engine `i` answers GET /health with 200, else why not (the cause a restart logs).
+
+        SGLang's /health generates one token and waits up to its own window (SGLANG_HEALTH_CHECK_TIMEOUT,
+        20 s) before answering 503, so the client waits that window plus a margin, and one failed try
+        is repeated after a second: a busy or briefly stalled engine is never killed for being slow."""
         url = self._info[i]["url"]
-        for _ in range(2):
+        cause = ""
+        for attempt in range(HEALTH_TRIES):
+            if attempt:
+                await asyncio.sleep(1.0)
             try:
-                if (await self._http.get(f"{url}/health")).status_code == 200:
-                    return True
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.2)
-        return False
+                reply = await self._http.get(f"{url}/health", timeout=self.health_timeout_s)
+            except httpx.TimeoutException:
+                cause = (f"no answer to GET /health within {self.health_timeout_s:.0f} s (SGLang's own window "
+                         f"is {health_window_s():.0f} s)")
+                continue
+            except httpx.HTTPError as exc:
+                cause = f"GET /health failed: {type(exc).__name__}: {exc}"
+                continue
+            if reply.status_code == 200:
+                return None
+            cause = f"GET /health answered {reply.status_code} {reply.text[:200]!r}"
+        exit_code = await self._exit_code(i)
+        return f"{cause} ({HEALTH_TRIES} tries); {exit_code}"
+
+    async def _exit_code(self, i: int) -> str:
+        """What the engine's actor says of its server process, for the restart's log line."""
+        try:
+            code = await asyncio.wait_for(self.handles[i].exit_code.remote(), timeout=10.0)
+        except Exception as exc:  # noqa: BLE001 - a dead actor: its error is the cause to report
+            return f"its actor does not answer ({type(exc).__name__})"
+        return "its server process is running" if code is None else f"its server process exited with code {code}"
 
     async def _stop_actor(self, handle: Any, timeout_s: float = 20) -> None:
         """Ask the actor to stop its server (SGLang runs in its own process group), then kill it."""
@@ -188,11 +225,12 @@ class EnginePool:
     async def ensure_healthy(self, *_: Any) -> int:
         """Restart every engine that does not answer /health; returns how many were restarted."""
         async with self._lock:
-            dead = [i for i in range(len(self.handles)) if not await self._healthy(i)]
+            causes = await asyncio.gather(*(self._health(i) for i in range(len(self.handles))))
+            dead = [i for i, cause in enumerate(causes) if cause is not None]
             for i in dead:
                 old_url = self._info[i]["url"]
-                logger.error("engine %d at %s is not answering: restarting it with weights %s",
-                             i, old_url, self.weight_version)
+                logger.error("ENGINE RESTART: engine %d at %s failed its health check: %s; restarting it with "
+                             "weights %s from %s", i, old_url, causes[i], self.weight_version, self.weights_path)
                 await self._stop_actor(self.handles[i], timeout_s=5)
                 await self._restore_latest_weights()
                 await self._start_one(i)
@@ -211,6 +249,9 @@ class EnginePool:
         self.weights_path = await self._trainer.export.remote(
             str(Path(self._weights_root) / f"restart_v{int(self.weight_version):06d}"))
         self._path_version = self.weight_version
+        for old in Path(self._weights_root).glob("restart_v*"):  # one export is all a restart needs
+            if old != Path(self.weights_path):
+                shutil.rmtree(old, ignore_errors=True)
         await self._trainer.reset_tensor_sync.remote()  # the next sync re-forms the group with the new engine
 
     async def watch(self, interval_s: float, stop: asyncio.Event) -> None:

@@ -8,7 +8,7 @@ proxy `/generate`. So one class starts either and registers engines the same way
 
 `slime` runs `python -m slime.engine.router` (tested on CPU). `sglang` runs
 `python -m sglang_router.launch_router` (the SGLang Model Gateway; needs the sglang_router package of
-the gpu extra; its Rust router needs no GPU, so tests/slime/test_sglang_router_real.py runs the pinned
+a GPU set; its Rust router needs no GPU, so tests/slime/test_sglang_router_real.py runs the pinned
 one in front of the CPU engine). The process gets its own session so shutdown stops it and anything
 it forked.
 """
@@ -70,7 +70,7 @@ class RouterProcess:
 
     def start(self) -> str:
         if self.kind == "sglang" and importlib.util.find_spec("sglang_router") is None:
-            raise EngineError("--rollout-router sglang needs the sglang_router package: install the gpu extra "
+            raise EngineError("--rollout-router sglang needs the sglang_router package: install a GPU set "
                               "(bash setup.sh --gpu) or use --rollout-router slime")
         self.port = self.port or free_port(self.host)
         self.url = f"http://{self.host}:{self.port}"

@@ -40,6 +40,11 @@ class SGLangEngineActor:
     def update_weights_from_disk(self, path: str, version: str) -> str:
         return self.engine.update_weights_from_disk(path, weight_version=version)
 
+    def exit_code(self) -> int | None:
+        """The SGLang server process's exit code, None while it runs (the cause a restart logs)."""
+        process = self.engine.process
+        return None if process is None else process.poll()
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 

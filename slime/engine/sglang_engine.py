@@ -23,7 +23,8 @@ Flags from slime-style arguments (an `argparse.Namespace` or a mapping):
 | `sglang_server_concurrency`, `sglang_router_*` | nothing: slime's own (client/router side) flags |
 
 `host`, `port`, `base_gpu_id` and `nccl_port` are per engine and given to the constructor.
-`--trust-remote-code` and `--enable-metrics` are on unless `sglang_<field>=False`. The tokenizer is
+`--trust-remote-code` and `--enable-metrics` are on unless `sglang_<field>=False`; `--dtype bfloat16` is
+always passed unless `sglang_dtype` says otherwise (never SGLang's "auto": see DEFAULT_FIELDS). The tokenizer is
 kept (rollouts may send `text` and read `text` back); `sglang_skip_tokenizer_init=True` drops it when
 every request sends `input_ids`.
 """
@@ -50,7 +51,7 @@ from slime.utils.ports import free_port
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "install the gpu extra: bash setup.sh --gpu"
+INSTALL_HINT = "install a GPU set (picked from the NVIDIA driver): bash setup.sh --gpu"
 # slime-style argument -> SGLang ServerArgs field, for arguments that are not spelled sglang_*.
 DERIVED_FIELDS = {
     "hf_checkpoint": "model_path",
@@ -59,8 +60,10 @@ DERIVED_FIELDS = {
 # slime's own flags spelled sglang_* that configure the trainer's side, not the server.
 SLIME_SIDE_FIELDS = frozenset({"sglang_server_concurrency", "sglang_router_ip", "sglang_router_port",
                                "sglang_router_request_timeout_secs"})
-# Always passed unless the caller sets them (sglang_<field>=False turns a switch off).
-DEFAULT_FIELDS: dict[str, Any] = {"trust_remote_code": True, "enable_metrics": True}
+# Always passed unless the caller sets them (sglang_<field>=False turns a switch off). The dtype is
+# explicit because SGLang's "auto" reads it from the model folder's config, and serves a float32 config
+# as float16: an engine restarted from an fp32 export would serve fp16 beside bf16 ones, silently.
+DEFAULT_FIELDS: dict[str, Any] = {"trust_remote_code": True, "enable_metrics": True, "dtype": "bfloat16"}
 
 
 class SGLangMissingError(EngineError):

@@ -236,7 +236,7 @@ def test_every_knob_reaches_its_flag_or_runtime_key(knob):
     default = cpu(env=base)[knob.key]
     value = distinct(knob, default)
     env = {**base, knob.env: json.dumps(value) if isinstance(value, (dict, list)) else str(value)}
-    if knob.key == "inference.sglang_mem_fraction_static":
+    if knob.key in ("inference.sglang_mem_fraction_static", "inference.sglang_dtype"):
         env["AWM_ENGINE_TYPE"] = "sglang"  # a GPU-engine flag
     cfg = cpu(env=env)
     assert cfg[knob.key] == value and cfg.sources[knob.key] == f"env {knob.env}"
@@ -344,7 +344,10 @@ def test_dry_run_prints_config_yaml_and_command(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "training.num_rollout                  = 3" in out and "[env NUM_ROLLOUT]" in out
     assert "[cli --set optimizer.lr]" in out and "awm_max_turns:" in out
-    assert "--num-rollout 3" in out and "--lr 3e-05" in out and out.rstrip().endswith("--lr 1e-4")
+    lines = out.splitlines()
+    command = lines[lines.index("command:") + 1]
+    assert "--num-rollout 3" in command and "--lr 3e-05" in command and command.endswith("--lr 1e-4")
+    assert lines[-1].startswith("engine 0: slime's CPU engine") and "engine 1:" not in out
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
     assert main(["--config", str(write(tmp_path / "bad.yaml", "grpo:\n  eps: 1\n")), "--dry-run"]) == 2
     assert f"{tmp_path / 'bad.yaml'}:2" in capsys.readouterr().err
@@ -471,7 +474,8 @@ def test_gpu_command_is_accepted_by_slime_and_reaches_sglang():
     args = build_parser().parse_args(cmd[3:])
     finalize_args(args)
     launch = launch_command(args, port=30000)
-    assert launch[launch.index("--mem-fraction-static") + 1] == "0.45" and "--enable-memory-saver" in launch
+    assert launch[launch.index("--mem-fraction-static") + 1] == "0.7" and "--enable-memory-saver" in launch
+    assert launch[launch.index("--dtype") + 1] == "bfloat16"
 
 
 def test_the_knob_reference_in_docs_is_the_generated_table(capsys):
@@ -513,13 +517,14 @@ def test_config_yaml_is_generated_from_the_knobs_and_resolves_to_the_profile_def
 
 
 @pytest.mark.parametrize("smi, gpus, prompts, concurrency", [
-    ("81559 MiB, NVIDIA H100 80GB HBM3\n", 4, 64, 32),
-    ("81559 MiB, NVIDIA H100 80GB HBM3\n", 8, 128, 32),
-    ("143771 MiB, NVIDIA H200\n", 8, 256, 64),
+    ("81559 MiB, NVIDIA H100 80GB HBM3\n", 4, 64, 64),
+    ("81559 MiB, NVIDIA H100 80GB HBM3\n", 8, 128, 64),
+    ("143771 MiB, NVIDIA H200\n", 8, 256, 128),
 ])
 def test_gpu_profiles_size_a_step_by_the_gpus_that_generate(smi, gpus, prompts, concurrency):
     """docs/gpu.md, batch sizes: 64 episodes per H100 a step (128 per H200), about what an engine's KV
-    cache holds in flight; 8 H200s run the AWM paper's 1,024 episodes a step."""
+    cache holds in flight, so every episode of a step decodes at once; 8 H200s run the AWM paper's 1,024
+    episodes a step."""
     got = C.resolve(None, env={}, gpus=C.parse_nvidia_smi(smi * gpus))
     assert got["training.rollout_batch_size"] == prompts and got["inference.sglang_server_concurrency"] == concurrency
     assert got["training.rollout_batch_size"] * got["training.n_samples_per_prompt"] == prompts * 4

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sglang_real import SglangOracle
+from sglang_real import SglangOracle, qwen3_4b_folder
 
 from slime.arguments import build_parser, finalize_args
 from slime.engine.sglang_engine import launch_command
@@ -32,7 +32,9 @@ def dry_run(tmp_path: Path, gpu_line: str, count: int) -> tuple[str, list[str]]:
     smi = bin_dir / "nvidia-smi"
     smi.write_text("#!/bin/sh\n" + "".join(f"echo '{gpu_line}'\n" for _ in range(count)))
     smi.chmod(0o755)
-    (model / "config.json").write_text("{}")
+    # Qwen3-4B's config (sglang 0.5.10 reads it while parsing its flags; the launcher sizes saves from it).
+    # A dry run on a machine without room for two saves warns instead of refusing: it plans the run.
+    qwen3_4b_folder(model)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
            "HF_CKPT": str(model), "AWM_DATA_DIR": str(data), "SAVE_DIR": str(tmp_path / "save")}
     done = subprocess.run(["bash", str(REPO / "awm_grpo/run_awm_grpo.sh"), "--dry-run"], env=env, cwd=tmp_path,
@@ -56,11 +58,16 @@ def test_dry_run_prints_flags_slime_and_sglang_accept(tmp_path: Path, sglang: Sg
     finalize_args(args)
     assert (args.num_gpus_per_node, args.engine_type) == (count, "sglang")
     engines = args.rollout_num_gpus // args.rollout_num_gpus_per_engine
-    for rank in range(engines):  # what SGLangEngineActor starts for each engine
-        argv = launch_command(args, port=30000 + rank, host="10.0.0.2", base_gpu_id=0, nccl_port=31000 + rank,
-                              seed_offset=rank)[3:]
-        parsed = sglang.parse_server_args(argv)
+    printed = [line for line in output.splitlines() if line.startswith("engine ")]
+    assert [line.split(":")[0] for line in printed] == [f"engine {rank}" for rank in range(engines)]
+    for rank, line in enumerate(printed):  # what SGLangEngineActor starts for each engine, as printed
+        argv = shlex.split(line.split(": ", 1)[1])
+        assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+        assert argv == launch_command(args, port=30000 + rank, base_gpu_id=0, nccl_port=31000 + rank,
+                                      seed_offset=rank)
+        parsed = sglang.parse_server_args(argv[3:])
         assert parsed["error"] is None, f"engine {rank}: {parsed['error']}"
-        assert parsed["fields"]["mem_fraction_static"] == args.sglang_mem_fraction_static
+        assert argv[argv.index("--dtype") + 1] == "bfloat16" and parsed["fields"]["dtype"] == "bfloat16"
+        assert parsed["fields"]["mem_fraction_static"] == args.sglang_mem_fraction_static == 0.7
         assert parsed["fields"]["tp_size"] == args.rollout_num_gpus_per_engine
         assert parsed["fields"]["enable_memory_saver"] is bool(args.offload_rollout)

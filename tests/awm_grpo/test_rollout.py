@@ -213,12 +213,14 @@ def test_context_budget_truncates(tiny_model_dir, engine, tmp_path):
     assert s.status == Sample.Status.TRUNCATED and s.response_length == 30
 
 
-def test_observations_are_capped(tiny_model_dir, engine, tmp_path):
+def test_tool_results_are_capped_and_the_catalogue_is_not(tiny_model_dir, engine, tmp_path):
     args = make_args(tiny_model_dir, engine.url, tmp_path, max_observation_tokens=20)
-    engine.reply(LIST, "done")
+    engine.reply(LIST, call("list_branches"), "done")
     s = run(args)
-    second = engine.tok.decode(engine.requests[1]["input_ids"])
-    assert "observation truncated" in second and s.metadata["awm"]["verdict"] == "others"
+    after_list = engine.tok.decode(engine.requests[1]["input_ids"])
+    after_call = engine.tok.decode(engine.requests[2]["input_ids"])[len(after_list):]
+    assert "observation truncated" not in after_list and "checkout_copy" in after_list  # the whole catalogue
+    assert "observation truncated" in after_call and s.metadata["awm"]["verdict"] == "others"
 
 
 def test_all_calls_per_turn_runs_each_in_order(tiny_model_dir, engine, tmp_path):

@@ -12,6 +12,10 @@ Checks, each printed as one JSON line `{"check": ..., ...figures}`:
                   (nccl on the GPU): tensors sent against the model's, GiB/s
   nccl_two_ranks  (GPU only) two processes on the one GPU try to form one NCCL update group: why
                   --update-weight-transport nccl is refused with --colocate
+  bf16_save       a Qwen3-4B-shaped model (its layer shape and vocabulary, 12 of its 36 layers) trained
+                  one step under FSDP2 + bf16: its export for engines in bf16 and reloaded (dtype in
+                  config.json, bytes, seconds), then a checkpoint (bf16 model/ + fp32 master weights and
+                  AdamW state, sharded) saved and restored exactly after another step: bytes, seconds, GB/s
 `--device cpu --small` runs the same code on the CPU with gloo (tests/gpu/test_device_check.py).
 """
 
@@ -38,6 +42,13 @@ SIZES = {"full": dict(vocab_size=32768, hidden_size=1024, intermediate_size=3072
                       num_attention_heads=16, num_key_value_heads=8, head_dim=64),
          "small": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16)}
+# Qwen3-4B's shapes (its config.json), 12 of its 36 decoder layers: 1.6 B parameters, so that a save
+# (about 14 bytes a parameter) fits the lent machine's disk twice over; figures scale with the layers.
+QWEN3_4B = dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, rope_theta=1_000_000.0,
+                max_position_embeddings=40960, rms_norm_eps=1e-6)
+SAVE_SHAPES = {"full": dict(QWEN3_4B, num_hidden_layers=12),
+               "small": dict(SIZES["small"], tie_word_embeddings=True)}
 
 
 def report(check: str, **figures: Any) -> dict[str, Any]:
@@ -146,6 +157,78 @@ def weight_send(trainer: Any, device: str) -> dict[str, Any]:
                   gib_per_s=round(nbytes / GIB / seconds, 2))
 
 
+def _full(tensor: Any) -> torch.Tensor:
+    """The whole tensor of an FSDP2 parameter (a DTensor), or the tensor itself."""
+    tensor = tensor.detach()
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def bf16_save(root: Path, device: str, size: str) -> dict[str, Any]:
+    """Export in bf16 and reload; save a checkpoint, train on, restore it: exact, with bytes and seconds."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from slime.algorithms.losses import PolicyLossConfig
+    from slime.backends.distributed import init_data_parallel
+    from slime.backends.torch_backend import TorchTrainer, TrainerConfig
+    from slime.utils.ports import free_port
+
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it trains: no 6 GB fp32 folder to write and read first
+        model = Qwen3ForCausalLM(Qwen3Config(**SAVE_SHAPES[size], dtype="float32"))
+    dp = init_data_parallel(0, 1, "127.0.0.1", free_port("127.0.0.1"), fsdp=True)
+    trainer = TorchTrainer(model, TrainerConfig(lr=1e-5, fsdp_param_dtype="bfloat16", gradient_checkpointing=True),
+                           device=device, dp=dp)
+    batch = samples(SAVE_SHAPES[size]["vocab_size"], 2, 512 if size == "full" else 32)
+    step = lambda: trainer.train_step(batch, [1.0, -1.0], PolicyLossConfig(aggregation="sequence_mean"))  # noqa: E731
+    step()  # AdamW's moments exist from the first step on: the save holds them
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
+
+    started = time.perf_counter()
+    export = Path(trainer.export_hf(root / "export", dtype="bfloat16"))
+    export_s = time.perf_counter() - started
+    started = time.perf_counter()
+    reloaded = AutoModelForCausalLM.from_pretrained(export, dtype="auto")
+    reload_s = time.perf_counter() - started
+    expected = {k: _full(v).to("cpu", torch.bfloat16) for k, v in trainer.model.state_dict().items()}
+    same = all(torch.equal(v, expected[k]) for k, v in reloaded.state_dict().items())
+    written_dtype = str(AutoConfig.from_pretrained(export).dtype).removeprefix("torch.")
+    param_dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in reloaded.parameters()})
+    del reloaded, expected
+
+    snapshot = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    moments = [s["exp_avg"].clone() for s in trainer.optimizer.state.values()]
+    sizes = trainer.checkpoint_sizes("bfloat16")
+    sync()
+    started = time.perf_counter()
+    saved = Path(trainer.save_checkpoint(root / "ckpt", iteration=1, dtype="bfloat16", keep=2))
+    save_s = time.perf_counter() - started
+    parts = {name: _bytes(saved / name) for name in ("model", "trainer")}
+    step()  # moves every weight and moment away from the save
+    moved = not all(torch.equal(v, snapshot[k]) for k, v in trainer.model.state_dict().items())
+    started = time.perf_counter()
+    trainer.load_checkpoint(root / "ckpt")
+    sync()
+    restore_s = time.perf_counter() - started
+    exact = all(torch.equal(v, snapshot[k]) for k, v in trainer.model.state_dict().items()) and all(
+        torch.equal(s["exp_avg"], m) for s, m in zip(trainer.optimizer.state.values(), moments, strict=True))
+    total = _bytes(saved)
+    params = sum(p.numel() for p in trainer.model.parameters())
+    trainer.dp.close()
+    return report("bf16_save", params_m=round(params / 1e6, 1), layers=SAVE_SHAPES[size]["num_hidden_layers"],
+                  export_gb=round(_bytes(export) / 1e9, 3), export_s=round(export_s, 2),
+                  export_config_dtype=written_dtype, reload_param_dtypes=param_dtypes, reload_s=round(reload_s, 2),
+                  reload_equals_bf16_weights=same, save_gb=round(total / 1e9, 3),
+                  save_parts_gb={k: round(v / 1e9, 3) for k, v in parts.items()},
+                  planned_gb=round(sum(sizes.values()) / 1e9, 3), save_s=round(save_s, 2),
+                  save_gb_per_s=round(total / 1e9 / save_s, 2), restore_s=round(restore_s, 2),
+                  moved_by_a_step=moved, restored_exactly=exact,
+                  qwen3_4b_save_gb_at_this_rate_s=round(56.3 / (total / 1e9 / save_s), 1))
+
+
 RANK = """
 import sys, torch, torch.distributed as dist
 from slime.weight_sync import init_custom_group
@@ -194,6 +277,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         trainer, line = fsdp_bf16_step(build_model(Path(tmp) / "model", size), args.device, size)
         lines += [line, offload(trainer, args.device), weight_send(trainer, args.device)]
         trainer.dp.close()
+        del trainer
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        lines.append(bf16_save(Path(tmp), args.device, size))
     if args.device == "cuda":
         lines.append(nccl_two_ranks())
     return lines

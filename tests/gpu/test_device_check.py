@@ -21,7 +21,11 @@ def test_device_check_script_runs_every_cpu_check_and_sends_every_weight():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checks = {line["check"]: line for line in map(json.loads, (ln for ln in proc.stdout.splitlines()
                                                                   if ln.startswith('{"check"')))}
-    assert sorted(checks) == ["env", "fsdp_bf16_step", "offload", "weight_send"]  # nccl_two_ranks: GPU only
+    assert sorted(checks) == ["bf16_save", "env", "fsdp_bf16_step", "offload", "weight_send"]  # nccl: GPU only
+    save = checks["bf16_save"]
+    assert save["export_config_dtype"] == "bfloat16" and save["reload_param_dtypes"] == ["bfloat16"]
+    assert save["reload_equals_bf16_weights"] and save["moved_by_a_step"] and save["restored_exactly"]
+    assert set(save["save_parts_gb"]) == {"model", "trainer"} and save["save_gb"] >= save["planned_gb"] > 0
     assert checks["fsdp_bf16_step"]["finite"] and checks["fsdp_bf16_step"]["step_s"] > 0
     assert checks["offload"]["back_on_device"]
     send = checks["weight_send"]

@@ -1,12 +1,13 @@
 """One train rank for tests/slime/test_data_parallel.py (run as a script, one process per rank).
 
-    python dp_worker.py MODEL_DIR OUT RANK WORLD PORT BACKEND [--save DIR] [--load DIR]
+    python dp_worker.py MODEL_DIR OUT RANK WORLD PORT BACKEND [--save DIR] [--load DIR] [--serving-dtype D]
 
 Trains a fixed rollout with the policy loss (2 optimizer steps, per-token advantages on one sample,
 two samples with zero advantage),
 then a second rollout with the SFT loss, through `TrainWorker` (sharding, old log-probs, steps);
 rank 0 writes the final full weights and both steps' metrics to OUT (torch.save). --save writes a
-checkpoint after the first rollout; --load starts from a checkpoint and trains the second only.
+checkpoint after the first rollout (its model/ in --serving-dtype, as for SGLang engines serving
+it); --load starts from a checkpoint and trains the second only.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ def advantages(batch: list[Sample]) -> list[float | list[float]]:
 
 
 def run(model_dir: str, out: str, rank: int, world: int, port: int, backend: str, *,
-        save: str | None = None, load: str | None = None) -> None:
+        save: str | None = None, load: str | None = None, serving_dtype: str | None = None) -> None:
     args = parse_args([
         "--hf-checkpoint", model_dir, "--prompt-data", "unused.jsonl", "--rollout-batch-size", "1",
         "--num-rollout", "2", "--actor-num-gpus-per-node", str(world), "--train-backend", backend,
         "--lr", "1e-2", "--adam-eps", "1e-3", "--num-steps-per-rollout", "2", "--max-tokens-per-gpu", "40",
         "--distributed-timeout-minutes", "1",
     ])
+    if serving_dtype is not None:  # what `slime.arguments.serving_dtype` reads: SGLang engines serving it
+        args.engine_type, args.sglang_dtype = "sglang", serving_dtype
     worker = TrainWorker(args, rank=rank, world=world, master_port=port)
     metrics = []
     if load:
@@ -79,9 +82,11 @@ def main() -> None:
     opts.add_argument("backend")
     opts.add_argument("--save")
     opts.add_argument("--load")
+    opts.add_argument("--serving-dtype")
     o = opts.parse_args()
     torch.set_num_threads(1)
-    run(o.model_dir, o.out, o.rank, o.world, o.port, o.backend, save=o.save, load=o.load)
+    run(o.model_dir, o.out, o.rank, o.world, o.port, o.backend, save=o.save, load=o.load,
+        serving_dtype=o.serving_dtype)
     # Everything is written and the process group is destroyed; exit without interpreter finalization.
     # About once in 30 FSDP runs a rank aborted there, after destroy_process_group had returned
     # ("terminate called without an active exception", SIGABRT, no Python frame on the stack): a C++

@@ -31,13 +31,16 @@ def _truncate(path, keep: int = 100) -> None:
     path.write_bytes(path.read_bytes()[:keep])
 
 
-@pytest.mark.parametrize("damage", ["safetensors", "optimizer", "state", "missing_state"])
+@pytest.mark.parametrize("damage", ["safetensors", "shard", "missing_shard", "dcp_metadata", "scheduler", "state",
+                                    "missing_state"])
 def test_damaged_latest_falls_back_to_the_previous_iteration(three_iterations, caplog, damage):
     root, weights = three_iterations
     latest = root / "iter_0000003"
-    target = {"safetensors": next((latest / "model").glob("*.safetensors")), "optimizer": latest / "optimizer.pt",
+    shard = latest / ckpt.TRAINER_DIR / "__0_0.distcp"
+    target = {"safetensors": next((latest / "model").glob("*.safetensors")), "shard": shard, "missing_shard": shard,
+              "dcp_metadata": latest / ckpt.TRAINER_DIR / ".metadata", "scheduler": latest / ckpt.SCHEDULER_FILE,
               "state": latest / ckpt.STATE_FILE, "missing_state": latest / ckpt.STATE_FILE}[damage]
-    if damage == "missing_state":
+    if damage.startswith("missing"):
         target.unlink()
     else:
         _truncate(target)

@@ -143,6 +143,12 @@ def test_two_fsdp_ranks_match_one_rank_and_checkpoints_move_between_them(runs):
     _finish(_launch(runs / "model", runs / "fsdp.pt", 2, "fsdp", "--save", str(runs / "ck_fsdp")))
     one = torch.load(runs / "one.pt")
     _assert_same_run(one, torch.load(runs / "fsdp.pt"))
+    assert_checkpoints_move(runs, one)
+
+
+def assert_checkpoints_move(runs: Path, one: dict) -> None:
+    """Two FSDP ranks resume the one-rank save `ck_one`, one rank resumes the FSDP save `ck_fsdp`: both
+    finish where the uninterrupted one-rank run `one` did."""
     procs = (_launch(runs / "model", runs / "fsdp_from_one.pt", 2, "fsdp", "--load", str(runs / "ck_one"))
              + _launch(runs / "model", runs / "one_from_fsdp.pt", 1, "torch", "--load", str(runs / "ck_fsdp")))
     _finish(procs)
@@ -154,7 +160,7 @@ def test_two_fsdp_ranks_match_one_rank_and_checkpoints_move_between_them(runs):
 @pytest.mark.slow
 def test_megatron_backend_on_two_ranks_matches_the_hf_run(runs):
     """--train-backend megatron (megatron-core GPTModel) with two replica ranks; needs megatron-core."""
-    pytest.importorskip("megatron.core", reason="megatron-core is in the gpu extra only")
+    pytest.importorskip("megatron.core", reason="megatron-core is in the GPU sets only")
     from transformers import AutoConfig
 
     from slime.backends.megatron_convert import megatron_to_hf

@@ -5,7 +5,7 @@ Megatron backend's own test, test_megatron_backend.py, runs on the GPU where CUD
 
 Skipped where CUDA is not available (CI, the CPU machine). On a GPU machine:
     python -m pytest tests/slime/test_gpu.py tests/slime/test_megatron_backend.py -v
-(megatron-core, in the gpu extra, for the Megatron tests). SGLang's side of the weight sync needs a
+(megatron-core, in both GPU sets, for the Megatron tests). SGLang's side of the weight sync needs a
 running SGLang server and is not covered here.
 """
 
@@ -171,7 +171,7 @@ def test_offload_of_an_fsdp2_trainer(nccl_group, model_dir):
 def test_megatron_trainer_stays_off_the_cpu_where_cuda_is(nccl_group, model_dir):
     """megatron-core moves rotary embeddings to the current CUDA device: a CPU model would fail mid-forward.
     (tests/slime/test_megatron_backend.py runs the Megatron backend itself on the GPU here.)"""
-    pytest.importorskip("megatron.core", reason="megatron-core is in the gpu extra")
+    pytest.importorskip("megatron.core", reason="megatron-core is in the GPU sets only")
     from slime.backends.megatron_backend import MegatronTrainer
 
     with pytest.raises(ValueError, match="runs on the GPU"):

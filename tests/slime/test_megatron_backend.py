@@ -2,10 +2,13 @@
 HF model it was converted from (log-probs, loss, gradient norm, updated weights), export HF folders
 transformers loads, and resume exactly. Runs on the GPU where CUDA is available (megatron-core then
 keeps rotary embeddings and RNG state on the GPU), else on the CPU with the shims. Skipped unless
-megatron-core is importable (gpu extra; e.g. `pip install --target DIR megatron-core==0.16.1` and
+megatron-core is importable (both GPU sets; e.g. `pip install --target DIR megatron-core==0.16.1` and
 PYTHONPATH=DIR)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ from slime.backends.torch_backend import TorchTrainer, TrainerConfig
 from slime.models.tiny import build_config
 from slime.utils.types import Sample
 
-pytest.importorskip("megatron.core", reason="megatron-core is in the gpu extra only")
+pytest.importorskip("megatron.core", reason="megatron-core is in the GPU sets only")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -79,6 +82,14 @@ def test_megatron_model_trains_like_the_hf_model_and_round_trips(megatron_env, m
     tol = 0 if DEVICE == "cpu" else 1e-6  # exact on CPU; GPU kernels may sum in another order
     assert got["loss"] == pytest.approx(expected["loss"], rel=tol, abs=0)
     assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=tol, abs=0)
+
+    # model/ in the engines' bf16: the exact fp32 weights come back from trainer/ (DCP)
+    saved = Path(mg.save_checkpoint(tmp_path / "ck16", dtype="bfloat16"))
+    assert json.loads((saved / "model" / "config.json").read_text())["dtype"] == "bfloat16"
+    expected = mg.train_step(samples, adv, loss)
+    resumed = MegatronTrainer(str(model_dir), config, device=DEVICE)
+    resumed.load_checkpoint(tmp_path / "ck16")
+    assert resumed.train_step(samples, adv, loss)["loss"] == pytest.approx(expected["loss"], rel=tol, abs=0)
 
 
 def test_tensor_weight_sync_sends_hf_names_from_the_megatron_trainer(megatron_env, model_dir):

@@ -1,6 +1,6 @@
 """HF <-> megatron-core conversion on tiny real HF models: exact round trips, the fused layouts by hand,
 and config mapping. The last test builds a real megatron-core GPTModel and skips when megatron-core
-is not installed (it is in the gpu extra only)."""
+is not installed (it is in the GPU sets only)."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_config_mapping():
 def test_a_real_megatron_gpt_model_takes_the_weights_and_computes_the_same_logits(monkeypatch):
     """megatron-core on CPU (platform-facts section 5: gloo world of 1 and two shims). Skipped unless
     megatron-core is importable (e.g. PYTHONPATH=<pip --target dir>)."""
-    pytest.importorskip("megatron.core", reason="megatron-core is in the gpu extra only")
+    pytest.importorskip("megatron.core", reason="megatron-core is in the GPU sets only")
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel

@@ -1,9 +1,12 @@
-"""The project's SGLang contract, checked against the pinned sglang's own code (tests/sglang_real.py).
+"""The project's SGLang contract, checked against both pinned sglangs' own code (tests/sglang_real.py:
+0.5.10 of the gpu-cu12 set, 0.5.23 of gpu-cu13; every test using the `sglang` fixture runs twice).
 
 Launch flags go through sglang's `prepare_server_args` (what `python -m sglang.launch_server` runs);
-request bodies are produced by the project's own code, recorded on the wire, and must build the
-struct that sglang's endpoint reads (no unknown or missing field, right types, /generate's contract
-and SamplingParams); every route must exist in sglang's FastAPI app with that method. A route
+request bodies are produced by the project's own code, recorded on the wire against an engine that
+reports that sglang's version, and must build the struct that sglang's endpoint reads (no unknown or
+missing field, right types, SamplingParams, and /generate's JSON contract where sglang has one: 0.5.23);
+every route must exist in sglang's FastAPI app with that method, except the version-specific ones
+(`slime.engine.base.ROUTES_SINCE`), which must exist exactly in the versions the table says. A route
 literal anywhere in the engine-facing code that is not in `slime.engine.base.ENGINE_ROUTES` fails.
 """
 
@@ -19,19 +22,24 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from sglang_real import SglangOracle
+from sglang_real import SglangOracle, pinned, qwen3_4b_folder
 
 from slime import weight_sync
-from slime.arguments import parse_args
+from slime.arguments import build_parser, parse_args
 from slime.engine import base
-from slime.engine.base import ENGINE_ROUTES, EngineClient, Route
-from slime.engine.sglang_engine import launch_command
+from slime.engine.base import ENGINE_ROUTES, ROUTES_SINCE, EngineClient, Route, served_by
+from slime.engine.sglang_engine import DEFAULT_FIELDS, DERIVED_FIELDS, SLIME_SIDE_FIELDS, launch_command
 from slime.rollout import sglang_rollout
 from slime.utils.types import Sample
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUIRED = ["--hf-checkpoint", "/models/qwen3", "--prompt-data", "/data/train.jsonl", "--rollout-batch-size", "2",
-            "--num-rollout", "1"]
+REQUIRED = ["--prompt-data", "/data/train.jsonl", "--rollout-batch-size", "2", "--num-rollout", "1"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The --hf-checkpoint: a Qwen3-4B config folder (sglang 0.5.10 reads the config while parsing)."""
+    return str(qwen3_4b_folder(tmp_path_factory.mktemp("Qwen3-4B")))
 
 # ---- launch flags -----------------------------------------------------------------------------------
 
@@ -42,26 +50,28 @@ LAUNCHES = {
                                          "0.45", "--seed", "7"],
     "separate engines, offload off": ["--engine-type", "sglang", "--rollout-num-gpus", "2", "--seed", "3",
                                       "--no-offload-rollout"],
+    "fp16 engines": ["--engine-type", "sglang", "--sglang-dtype", "float16"],
+    "fp32 engines": ["--engine-type", "sglang", "--sglang-dtype", "float32"],
 }
 
 
-def sglang_argv(slime_argv: list[str]) -> list[str]:
+def sglang_argv(slime_argv: list[str], model: str) -> list[str]:
     """The flags the project gives `python -m sglang.launch_server` for engine rank 1 of this run."""
-    command = launch_command(parse_args(REQUIRED + slime_argv), port=30001, host="10.0.0.2", base_gpu_id=0,
-                             nccl_port=31000, seed_offset=1)
+    command = launch_command(parse_args(["--hf-checkpoint", model, *REQUIRED, *slime_argv]), port=30001,
+                             host="10.0.0.2", base_gpu_id=0, nccl_port=31000, seed_offset=1)
     assert command[1:3] == ["-m", "sglang.launch_server"]
     return command[3:]
 
 
 @pytest.mark.parametrize("name", LAUNCHES)
-def test_launch_flags_parse_with_sglangs_server_args(sglang: SglangOracle, name: str) -> None:
-    slime_args = parse_args(REQUIRED + LAUNCHES[name])
+def test_launch_flags_parse_with_sglangs_server_args(sglang: SglangOracle, model: str, name: str) -> None:
+    slime_args = parse_args(["--hf-checkpoint", model, *REQUIRED, *LAUNCHES[name]])
 
-    parsed = sglang.parse_server_args(sglang_argv(LAUNCHES[name]))
+    parsed = sglang.parse_server_args(sglang_argv(LAUNCHES[name], model))
 
     assert parsed["error"] is None, parsed["error"]
     fields = parsed["fields"]
-    assert (fields["model_path"], fields["host"], fields["port"]) == ("/models/qwen3", "10.0.0.2", 30001)
+    assert (fields["model_path"], fields["host"], fields["port"]) == (model, "10.0.0.2", 30001)
     assert (fields["base_gpu_id"], fields["nccl_port"]) == (0, 31000)
     assert fields["tp_size"] == slime_args.rollout_num_gpus_per_engine
     assert fields["random_seed"] == slime_args.seed + 1
@@ -69,6 +79,23 @@ def test_launch_flags_parse_with_sglangs_server_args(sglang: SglangOracle, name:
     assert fields["trust_remote_code"] is True and fields["enable_metrics"] is True
     if slime_args.sglang_mem_fraction_static is not None:
         assert fields["mem_fraction_static"] == slime_args.sglang_mem_fraction_static
+    assert fields["dtype"] == (slime_args.sglang_dtype or DEFAULT_FIELDS["dtype"])
+    # what sglang will serve the model in: the flag wins over the folder's config (bfloat16 here)
+    assert sglang.serving_dtype(model, fields["dtype"]) == fields["dtype"]
+
+
+def test_the_launch_cases_cover_every_flag_the_launcher_can_emit(model: str) -> None:
+    """Every server flag launch_command can derive from slime's arguments appears in some LAUNCHES case
+    (so each is parsed by both sglangs above): the fixed ones, the derived ones and every --sglang-*
+    argument of slime that reaches the server. A new --sglang-* argument fails here until it has a case."""
+    emitted = {a for case in LAUNCHES.values() for a in sglang_argv(case, model) if a.startswith("--")}
+    slime_sglang = {a.dest for a in build_parser()._actions if a.dest.startswith("sglang_")} - SLIME_SIDE_FIELDS
+    possible = {"--model-path", "--host", "--port", "--base-gpu-id", "--nccl-port", "--random-seed",
+                "--enable-memory-saver"}
+    possible |= {f"--{field.replace('_', '-')}" for field in (*DEFAULT_FIELDS, *DERIVED_FIELDS.values())}
+    possible |= {f"--{dest.removeprefix('sglang_').replace('_', '-')}" for dest in slime_sglang}
+
+    assert possible - emitted == set()
 
 
 def test_a_misspelled_flag_is_refused_by_sglang(sglang: SglangOracle) -> None:
@@ -96,9 +123,11 @@ def test_a_bad_body_is_refused_by_sglang(sglang: SglangOracle) -> None:
 
 
 class Recorder:
-    """An httpx transport that keeps every request and answers like a healthy SGLang server."""
+    """An httpx transport that keeps every request and answers like a healthy SGLang server of
+    `version` (the `version` field of /server_info is what sglang's own handler answers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: str) -> None:
+        self.version = version
         self.requests: list[tuple[Route, Any]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -106,6 +135,8 @@ class Recorder:
         self.requests.append((Route(request.method, request.url.path), body))
         if request.url.path == base.MODEL_INFO.path:
             return httpx.Response(200, json={"model_path": "/m", "weight_version": "3"})
+        if request.url.path == base.SERVER_INFO.path:
+            return httpx.Response(200, json={"version": self.version})
         return httpx.Response(200, json={"success": True, "message": ""})
 
     def client(self) -> EngineClient:
@@ -114,10 +145,11 @@ class Recorder:
         return engine
 
 
-def engine_client_requests() -> list[tuple[Route, Any]]:
+def engine_client_requests(version: str) -> list[tuple[Route, Any]]:
     """Every request `RolloutEngine`'s control methods send."""
-    recorder = Recorder()
+    recorder = Recorder(version)
     engine = recorder.client()
+    assert engine.sglang_version() == version
     engine.health()
     engine.flush_cache()
     assert engine.update_weights_from_disk("/ckpt/weight_v000003", weight_version="3") == "3"
@@ -144,8 +176,9 @@ def generate_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Route, Any]
 
     monkeypatch.setattr(sglang_rollout, "post", post)
     monkeypatch.setattr(awm_rollout, "post", post)
-    args = parse_args(REQUIRED + ["--rollout-stop", "</tool_call>", "--rollout-stop-token-ids", "151645",
-                                  "--rollout-max-context-len", "64", "--eval-temperature", "0.6"])
+    args = parse_args(["--hf-checkpoint", "/models/qwen3", *REQUIRED, "--rollout-stop", "</tool_call>",
+                       "--rollout-stop-token-ids", "151645", "--rollout-max-context-len", "64",
+                       "--eval-temperature", "0.6"])
     args.sglang_router_ip, args.sglang_router_port = "engine", 30000
     for evaluation in (False, True):
         params = sglang_rollout.sampling_params_from_args(args, evaluation=evaluation)
@@ -154,8 +187,9 @@ def generate_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Route, Any]
     return sent
 
 
-def weight_sync_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Route, Any]]:
-    """The bodies `TensorWeightSync` posts (its payload builders, and close()'s group teardown)."""
+def weight_sync_requests(monkeypatch: pytest.MonkeyPatch, version: str) -> list[tuple[Route, Any]]:
+    """The bodies `TensorWeightSync` posts (its payload builders, close()'s group teardown and the
+    weight-update session, which it opens only where the engine's version has one)."""
     bucket = [("model.layers.0.mlp.up_proj.weight", torch.zeros(4, 2, dtype=torch.bfloat16)),
               ("lm_head.weight", torch.zeros(8, 2))]
     sent = [
@@ -163,7 +197,7 @@ def weight_sync_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Route, A
         (base.INIT_WEIGHTS_UPDATE_GROUP, weight_sync.init_group_payload("10.0.0.1", 29500, 1, 3, "slime")),
         (base.UPDATE_WEIGHTS_FROM_DISTRIBUTED, weight_sync.distributed_update_payload(bucket, "slime", 3)),
     ]
-    recorder = Recorder()
+    recorder = Recorder(version)
     sync = weight_sync.TensorWeightSync("nccl")
     sync._group, sync._engines = object(), [recorder.client()]
     monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda group: None)
@@ -179,11 +213,18 @@ BODILESS_GETS = [base.HEALTH_GENERATE, Route("GET", "/flush_cache"), Route("GET"
                  Route("GET", "/get_server_info")]
 
 
-@pytest.fixture(scope="module")
-def project_requests() -> list[tuple[Route, Any]]:
+def record_requests(version: str) -> list[tuple[Route, Any]]:
+    """Every request the project sends to an engine that reports sglang `version`."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        recorded = engine_client_requests() + generate_requests(monkeypatch) + weight_sync_requests(monkeypatch)
+        recorded = (engine_client_requests(version) + generate_requests(monkeypatch)
+                    + weight_sync_requests(monkeypatch, version))
     return recorded + [(route, None) for route in BODILESS_GETS]
+
+
+@pytest.fixture
+def project_requests(sglang: SglangOracle, model: str) -> list[tuple[Route, Any]]:
+    """What the project sends to an engine of this sglang (whose /server_info `version` is sglang's own)."""
+    return record_requests(sglang.server_info_version(model))
 
 
 def test_every_request_body_is_one_sglang_accepts(sglang: SglangOracle, project_requests: list) -> None:
@@ -193,17 +234,60 @@ def test_every_request_body_is_one_sglang_accepts(sglang: SglangOracle, project_
     assert {request: p for request, p in problems.items() if p} == {}
 
 
+def test_generate_bodies_pass_sglangs_json_contract(sglang: SglangOracle, project_requests: list) -> None:
+    """sglang 0.5.23 checks /generate bodies against a typed JSON contract (api_contract) before
+    GenerateReqInput; the check above includes it. It can fail: a float where the contract wants ints."""
+    if not sglang.features["generate_contract"]:
+        pytest.skip(f"sglang {sglang.version} has no sglang.srt.entrypoints.api_contract: its /generate bodies "
+                    "are checked against GenerateReqInput and SamplingParams only (the test above)")
+    bodies = [body for route, body in project_requests if route == base.GENERATE]
+    assert len(bodies) == 4 and all(sglang.check_request("POST", "/generate", body) == [] for body in bodies)
+    problems = sglang.check_request("POST", "/generate", {**bodies[0], "input_ids": [1.5, 2]})
+    assert any("/generate contract" in p for p in problems), problems
+
+
 def test_every_engine_route_exists_in_sglang_with_that_method(sglang: SglangOracle) -> None:
+    """Each route in the pinned versions that ROUTES_SINCE says serve it, and a version-specific route
+    absent from the versions before it (the table is exact, both ways)."""
     served = sglang.routes()
 
-    missing = [f"{method} {path}" for method, path in ENGINE_ROUTES if method not in served.get(path, [])]
+    def has(route: Route) -> bool:
+        return route.method in served.get(route.path, [])
 
-    assert missing == [], f"sglang {sglang.versions['sglang']} serves no {missing}"
+    missing = [f"{method} {path}" for method, path in ENGINE_ROUTES if served_by(Route(method, path), sglang.version)
+               and not has(Route(method, path))]
+    unexpected = [f"{method} {path}" for method, path in ROUTES_SINCE if not served_by(Route(method, path),
+                                                                                         sglang.version)
+                  and has(Route(method, path))]
+
+    assert missing == [], f"sglang {sglang.version} serves no {missing}"
+    assert unexpected == [], f"sglang {sglang.version} serves {unexpected}: lower their ROUTES_SINCE entries"
 
 
-def test_every_engine_route_has_a_checked_request(project_requests: list) -> None:
-    """A route added to ENGINE_ROUTES needs a body from the code that sends it in `project_requests`."""
-    assert set(ENGINE_ROUTES) == {route for route, _ in project_requests}
+def test_every_engine_route_has_a_checked_request(sglang: SglangOracle, project_requests: list) -> None:
+    """A route added to ENGINE_ROUTES needs a body from the code that sends it in `project_requests`;
+    the project sends exactly the routes this version serves (no session routes to 0.5.10)."""
+    assert {r for r in ENGINE_ROUTES if served_by(r, sglang.version)} == {route for route, _ in project_requests}
+
+
+def test_the_session_is_opened_only_on_engines_whose_version_has_it() -> None:
+    """Engines of both pinned versions behind one sync: /begin_weight_update and /end_weight_update go
+    to the 0.5.23 engine only, each engine's /server_info is asked once, an engine that reports no
+    version is an error that says what it expected."""
+    old, new = Recorder(pinned("sglang", "cu12")), Recorder(pinned("sglang", "cu13"))
+    engines = [old.client(), new.client()]
+    for _ in range(2):
+        with weight_sync.update_session(engines):
+            pass
+
+    assert [route for route, _ in old.requests] == [base.SERVER_INFO]
+    assert [route for route, _ in new.requests] == [base.SERVER_INFO] + [base.BEGIN_WEIGHT_UPDATE,
+                                                                         base.END_WEIGHT_UPDATE] * 2
+    assert base.version_tuple("0.5.10.post1") == (0, 5, 10) < base.version_tuple("v0.5.21") == (0, 5, 21)
+    mute = EngineClient("http://engine:30000")
+    mute._http = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(200, json={})))
+    with pytest.raises(base.EngineError, match="/server_info reports no sglang version"):
+        mute.serves(base.BEGIN_WEIGHT_UPDATE)
 
 
 # ---- no route escapes the table ---------------------------------------------------------------------

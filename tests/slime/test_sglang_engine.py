@@ -1,6 +1,6 @@
-"""SGLangEngine's CPU-checkable parts: the launch command, the missing-sglang error, and the process
-handling (own group, health wait, group kill) against a stand-in server. A real SGLang launch needs a
-GPU and is not tested here."""
+"""SGLangEngine's CPU-checkable parts: the launch command (parsed by both pinned sglangs' own parsers),
+the missing-sglang error, and the process handling (own group, health wait, group kill) against a
+stand-in server. A real SGLang launch needs a GPU and is not tested here."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from sglang_real import SglangOracle, qwen3_4b_folder
 
 from slime.engine import sglang_engine
 from slime.engine.base import EngineError
@@ -60,12 +61,34 @@ def test_sglang_prefixed_fields_override_and_switch_off_defaults():
                             "colocate": True, "sglang_model_path": "/other"})
 
     assert fields == {"model_path": "/other", "tp_size": 4, "enable_metrics": False, "trust_remote_code": True,
-                      "skip_tokenizer_init": True, "enable_memory_saver": True}
+                      "skip_tokenizer_init": True, "enable_memory_saver": True, "dtype": "bfloat16"}
+    assert server_fields({"hf_checkpoint": "/m", "sglang_dtype": "float16"})["dtype"] == "float16"
     command = launch_command({"sglang_model_path": "/m", "sglang_enable_metrics": False,
                               "sglang_json_model_override_args": {"rope_theta": 1e6}, "sglang_ep_size": 1},
                              port=1, python="py")
     assert "--enable-metrics" not in command
     assert command[command.index("--json-model-override-args") + 1] == '{"rope_theta": 1000000.0}'
+
+
+def test_these_commands_parse_in_sglang(sglang: SglangOracle, tmp_path):
+    """The commands above, with a real model folder (sglang 0.5.10 reads its config while parsing),
+    are accepted by sglang's own parser with the values they set, in both pinned versions."""
+    model = str(qwen3_4b_folder(tmp_path / "Qwen3-4B"))
+    mapped = launch_command(slime_args(hf_checkpoint=model), port=30001, base_gpu_id=4, nccl_port=29600,
+                            seed_offset=3)
+    overridden = launch_command({"sglang_model_path": model, "sglang_enable_metrics": False,
+                                 "sglang_json_model_override_args": {"rope_theta": 1e6}, "sglang_ep_size": 1,
+                                 "sglang_skip_tokenizer_init": True}, port=1)
+
+    first, second = (sglang.parse_server_args(command[3:]) for command in (mapped, overridden))
+
+    assert (first["error"], second["error"]) == (None, None), (first["error"], second["error"])
+    assert {k: first["fields"][k] for k in ("tp_size", "context_length", "dtype", "mem_fraction_static",
+                                            "random_seed", "base_gpu_id", "nccl_port")} == {
+        "tp_size": 2, "context_length": 8192, "dtype": "bfloat16", "mem_fraction_static": 0.7, "random_seed": 1237,
+        "base_gpu_id": 4, "nccl_port": 29600}
+    assert (second["fields"]["enable_metrics"], second["fields"]["skip_tokenizer_init"]) == (False, True)
+    assert second["fields"]["json_model_override_args"] == '{"rope_theta": 1000000.0}'
 
 
 def test_a_model_is_required():
@@ -130,7 +153,7 @@ def test_import_is_cheap_and_sglang_free():
     code = "import sys, slime.engine.sglang_engine; print('sglang' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
-    assert sglang_engine.INSTALL_HINT == "install the gpu extra: bash setup.sh --gpu"
+    assert sglang_engine.INSTALL_HINT == "install a GPU set (picked from the NVIDIA driver): bash setup.sh --gpu"
 
 
 def test_slimes_own_sglang_flags_stay_on_the_client_side():

@@ -1,6 +1,13 @@
 """`--rollout-router sglang` against the real sglang-router (its Rust router runs on CPU), in front of
 the CPU engine: `RouterProcess` starts it, registers the engine, routes the project's /generate body
-through it and removes the engine again."""
+through it and removes the engine again.
+
+Runs once, not per sglang version: both GPU sets pin sglang-router 0.3.2, a package that does not
+depend on sglang (tests/test_sglang_real.py::test_sglang_router_is_one_pin_for_both_sets). What it asks
+of an engine (seen 2026-11-28 with each policy slime accepts, 12 s after registering one): GET /health,
+/model_info, /server_info, all in slime.engine.base.ENGINE_ROUTES and served by both sglangs. Its binary
+also names /get_load, which 0.5.10 serves and 0.5.23 does not; it was not called with these policies.
+"""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def test_async_steps_overlap_and_are_one_step_stale(straight):
     ckpt = straight / "ckpt"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     for it in (1, 3):
-        assert (ckpt / f"iter_{it:07d}" / "optimizer.pt").is_file()
+        assert (ckpt / f"iter_{it:07d}" / "trainer" / ".metadata").is_file()
         assert (ckpt / "rollout" / f"global_dataset_state_dict_{it}.pt").is_file()
     evals = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
     assert [e["step"] for e in evals] == [0, 2, 4]

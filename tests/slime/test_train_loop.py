@@ -161,13 +161,17 @@ def test_colocate_implies_the_memory_hand_over_on_gpu_engines_only():
 
 
 def test_three_steps_write_checkpoints_and_metrics(toy, tmp_path):
-    _run(_command(toy, tmp_path, "--save-interval", "2", "--use-tensorboard", "--eval-prompt-data", "toy",
-                  str(toy / "eval.jsonl"), "--eval-interval", "2"), _env())
+    """Saving every step with --keep-checkpoints 2: the newest two saves stay, with their data positions."""
+    _run(_command(toy, tmp_path, "--save-interval", "1", "--keep-checkpoints", "2", "--use-tensorboard",
+                  "--eval-prompt-data", "toy", str(toy / "eval.jsonl"), "--eval-interval", "2"), _env())
     ckpt = tmp_path / "ckpt"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000001", "iter_0000002"]
+    assert sorted(p.name for p in (ckpt / "rollout").iterdir()) == ["global_dataset_state_dict_1.pt",
+                                                                    "global_dataset_state_dict_2.pt"]
     for it in (1, 2):
         assert (ckpt / f"iter_{it:07d}" / "model" / "model.safetensors").is_file()
-        assert (ckpt / f"iter_{it:07d}" / "optimizer.pt").is_file()
+        assert (ckpt / f"iter_{it:07d}" / "trainer" / ".metadata").is_file()
     records = _train_records(tmp_path)
     assert sorted(records) == [0, 1, 2]
     for record in records.values():

@@ -3,6 +3,7 @@ parts of the GPU tensor path (bucketing, names, flattening, payloads, the update
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -130,6 +131,24 @@ def test_disk_sync_through_a_router_reaches_every_engine(model_dir, engines, tmp
         router.shutdown()
 
 
+def test_disk_sync_in_the_serving_dtype_writes_the_bf16_weights_the_engines_then_serve(model_dir, engines, tmp_path):
+    """DiskWeightSync(dtype=...) as SGLang engines get it: the export is bf16 with "dtype": "bfloat16" in its
+    config.json, and an engine serves exactly the trainer's weights rounded to bf16."""
+    trainer = TorchTrainer(str(model_dir), TrainerConfig())
+    perturb(trainer, seed=4)
+    DiskWeightSync(tmp_path / "w", dtype="bfloat16").sync(trainer, engines[:1], version=8)
+
+    folder = tmp_path / "w" / "weight_v000008"
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    rounded = TorchTrainer(str(model_dir), TrainerConfig())
+    with torch.no_grad():
+        for mine, theirs in zip(rounded.model.parameters(), trainer.model.parameters(), strict=True):
+            mine.copy_(theirs.to(torch.bfloat16))
+    tokens, logprobs = engine_logprobs(engines[0].url)
+    expected = rounded.compute_log_probs([Sample(tokens=PROMPT + tokens, response_length=len(tokens))])[0]
+    torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(expected), atol=1e-5, rtol=0)
+
+
 def test_a_refused_update_raises_and_generation_continues(engines, tmp_path):
     class BrokenExport:
         def export_hf(self, out_dir, tokenizer=None):
@@ -216,13 +235,21 @@ def test_tensor_sync_refuses_without_cuda_or_with_a_bad_mode():
             TensorWeightSync()._transfer(object(), [], 1)
 
 
+def result_line(stdout: str) -> str:
+    """The child's `RESULT ...` line: torch 2.9's gloo prints "[Gloo] Rank N is connected to ..." on
+    stdout when a group forms (tests/torch_set.sh cu12), so the rest of stdout is not ours to compare."""
+    lines = [line.removeprefix("RESULT ") for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, f"expected one RESULT line in the child's stdout, got:\n{stdout}"
+    return lines[0]
+
+
 RECEIVER = """
 import sys, torch, torch.distributed as dist
 from slime.weight_sync import init_custom_group
 group = init_custom_group("gloo", sys.argv[1], 2, 1, "slime_test_update")
 tensor = torch.zeros(3)
 dist.broadcast(tensor, group=group, group_src=0)
-print(tensor.tolist(), flush=True)
+print("RESULT", tensor.tolist(), flush=True)
 dist.barrier(group=group)  # both sides are done with the group before either tears it down
 dist.destroy_process_group(group)  # exiting with live gloo threads can abort the interpreter
 """
@@ -245,7 +272,7 @@ def test_update_group_forms_beside_the_default_group_and_broadcasts():
         dist.barrier(group=group)
         out, err = receiver.communicate(timeout=60)
         assert receiver.returncode == 0, err
-        assert out.strip() == "[1.0, 2.0, 3.0]"
+        assert result_line(out) == "[1.0, 2.0, 3.0]"
         assert not dist.is_initialized()  # the default group was never created
     finally:
         dist.destroy_process_group(group)
@@ -263,7 +290,7 @@ dp = init_data_parallel(rank, 2, "127.0.0.1", port, fsdp=True, timeout_minutes=1
 trainer = TorchTrainer(model_dir, TrainerConfig(), device="cpu", dp=dp)
 names = [name for name, _ in trainer_hf_tensors(trainer)]  # each gathered copy is dropped at once
 if rank == 0:
-    print(len(names), len(set(names)), flush=True)
+    print("RESULT", len(names), len(set(names)), flush=True)
 dp.close()
 # Exit without interpreter finalization: a rank of a destroyed FSDP group can abort there now and then
 # ("terminate called without an active exception"; see tests/slime/dp_worker.py).
@@ -287,4 +314,4 @@ def test_fsdp_gathers_send_every_weight_once(model_dir):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     outs = [rank.communicate(timeout=120) for rank in ranks]
     assert all(rank.returncode == 0 for rank in ranks), [err[-2000:] for _, err in outs]
-    assert outs[0][0].split() == [str(len(expected))] * 2
+    assert result_line(outs[0][0]).split() == [str(len(expected))] * 2
