@@ -168,10 +168,11 @@ def report(p: DiskPlan) -> str:
             parts.append(f"PPO critic {human_bytes(p.save['critic'])}")
         lines.append(f"  one save: {human_bytes(p.one_save)} = {' + '.join(parts)} "
                      f"({p.architecture or 'model'}, {p.parameters:,} parameters)")
-        kept = (f"the newest {p.keep} kept (KEEP_CHECKPOINTS): {human_bytes(p.checkpoint_peak)} at the peak, "
-                f"{min(p.keep + 1, p.saves)} saves while the next is written" if p.keep else
+        on_disk = min(p.keep + 1, p.saves)
+        kept = (f"the newest {p.keep} kept (KEEP_CHECKPOINTS): {human_bytes(p.checkpoint_peak)} at the peak"
+                + (f", {on_disk} saves while the next is written" if on_disk > p.keep else "") if p.keep else
                 f"all kept (KEEP_CHECKPOINTS=0): {human_bytes(p.checkpoint_peak)}")
-        lines.append(f"  checkpoints: {p.saves} saves in the run, {kept}")
+        lines.append(f"  checkpoints: {_count(p.saves, 'save')} in the run, {kept}")
         lines.append(f"  weight exports (disk sync, SAVE_DIR/weights): {human_bytes(p.exports)} at the peak "
                      f"(2 x {human_bytes(p.export_each)})")
     lines.append(f"  traces: at most {human_bytes(p.traces)} ({p.episodes:,} episodes, each at most its "
@@ -186,6 +187,10 @@ def report(p: DiskPlan) -> str:
         lines.append(f"  free: {human_bytes(p.free)} on the filesystem of {p.where}")
     lines += [f"  note: {note}" for note in p.notes]
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def check(p: DiskPlan) -> tuple[str | None, str | None]:
