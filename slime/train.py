@@ -322,13 +322,12 @@ class Run:
                     await self.critic.save.remote(args.save, rollout_id)
                 path = await self.trainer.save.remote(args.save, rollout_id, {"next_rollout_id": rollout_id + 1})
             except OSError as exc:
-                if not isinstance(exc, CheckpointSaveError):  # the data position's or the critic's file
-                    exc = CheckpointSaveError(failure_message(args.save, rollout_id, what,
-                                                              getattr(exc, "cause", None) or exc, None))
                 # Stop rather than train on without a checkpoint: the weights and optimizer state would then
                 # live only in memory, and every later save would meet the same disk. The sentence says what
                 # to free or change; `--load` resumes from the save before this one.
                 cause = getattr(exc, "cause", None) or exc  # Ray wraps the train actor's exception
+                if not isinstance(cause, CheckpointSaveError):  # the data position's or the critic's file
+                    cause = failure_message(args.save, rollout_id, what, cause, None)
                 logger.error("step %d: %s", rollout_id + 1, cause)
                 raise CheckpointSaveError(str(cause)) from None
             logger.info("saved %s", path)

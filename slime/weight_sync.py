@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from slime.backends.checkpoint import dtype_name  # SGLang reads dtype strings with getattr(torch, name)
 from slime.engine.base import (
     BEGIN_WEIGHT_UPDATE,
     DESTROY_WEIGHTS_UPDATE_GROUP,
@@ -208,11 +209,6 @@ def bucket_named_tensors(
         size += n
     if bucket:
         yield bucket
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """'bfloat16' for torch.bfloat16: SGLang resolves dtype strings with getattr(torch, name)."""
-    return str(dtype).removeprefix("torch.")
 
 
 def distributed_update_payload(

@@ -67,7 +67,11 @@ class DiskPlan:
 
 def plan(cfg: ResolvedConfig) -> DiskPlan:
     """What the run writes under save_dir, and what its filesystem has free."""
-    from slime.backends.checkpoint import parameter_count, save_sizes  # torch: only when a run is planned
+    from slime.backends.checkpoint import (  # torch: only when a run is planned
+        nearest_existing,
+        parameter_count,
+        save_sizes,
+    )
 
     out = DiskPlan(save_dir=Path(cfg["paths.save_dir"]))
     model = Path(cfg["paths.hf_checkpoint"])
@@ -91,7 +95,7 @@ def plan(cfg: ResolvedConfig) -> DiskPlan:
     out.episodes += _eval_episodes(cfg)
     out.traces = out.episodes * (cfg["inference.max_response_len"] + PROMPT_TOKENS) * TRACE_BYTES_PER_TOKEN
     out.existing = _bytes_under([*out.save_dir.glob("iter_*"), out.save_dir / "weights", out.save_dir / "critic"])
-    out.where = _existing(out.save_dir)
+    out.where = nearest_existing(out.save_dir)
     try:
         usage = shutil.disk_usage(out.where)
         out.free, out.total = usage.free, usage.total
@@ -118,12 +122,6 @@ def _eval_episodes(cfg: ResolvedConfig) -> int:
         prompts = sum(1 for line in f if line.strip())
     evals = cfg["training.num_rollout"] // interval + (0 if cfg["training.skip_eval_before_train"] else 1)
     return evals * prompts * cfg["training.n_samples_per_eval_prompt"]
-
-
-def _existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def _bytes_under(paths: list[Path]) -> int:

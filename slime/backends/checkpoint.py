@@ -152,10 +152,7 @@ def failure_message(save_dir: str | os.PathLike, iteration: int, what: str | Non
     """The sentence a failed save raises: the folder, what was being written (None: refused before
     writing anything), bytes needed and free, which checkpoint is intact, and what to do."""
     save_dir = Path(save_dir)
-    try:
-        free = human_bytes(shutil.disk_usage(_existing(save_dir)).free)
-    except OSError:
-        free = "an unknown amount"
+    free = free_text(save_dir)
     previous = latest_iteration(save_dir)
     intact = (f"the previous checkpoint {iteration_dir(save_dir, previous)} is intact and `--load {save_dir}` "
               "resumes from it" if previous is not None else f"no earlier checkpoint exists in {save_dir}")
@@ -174,10 +171,19 @@ def latest_iteration(save_dir: str | os.PathLike) -> int | None:
         return None
 
 
-def _existing(path: Path) -> Path:
+def nearest_existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists: the folder whose filesystem `path` will be on."""
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
+
+
+def free_text(path: Path) -> str:
+    """The free space of the filesystem `path` is (or will be) on, for a message."""
+    try:
+        return human_bytes(shutil.disk_usage(nearest_existing(path)).free)
+    except OSError:
+        return "an unknown amount"
 
 
 def start_save(save_dir: str | os.PathLike, iteration: int, needed: int) -> Path:
@@ -569,12 +575,8 @@ def export_hf(model: Any, out_dir: str | os.PathLike, tokenizer: Any = None,
         _commit(tmp, out_dir)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            free = human_bytes(shutil.disk_usage(_existing(out_dir)).free)
-        except OSError:
-            free = "an unknown amount"
-        raise CheckpointSaveError(f"exporting the weights to {out_dir} failed: {exc}. {free} is free on that "
-                                  f"filesystem; the temporary folder was removed. To go on: {KEEP_ADVICE}.") from exc
+        raise CheckpointSaveError(f"exporting the weights to {out_dir} failed: {exc}. {free_text(out_dir)} is free "
+                                  f"on that filesystem; the temporary folder was removed. To go on: {KEEP_ADVICE}.") from exc
     return out_dir
 
 

@@ -31,6 +31,7 @@ from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 
+
 def trainer_config(args: argparse.Namespace) -> TrainerConfig:
     """TrainerConfig from slime's flags (--lr, --clip-grad, --max-tokens-per-gpu, --recompute-granularity)."""
     granularity = getattr(args, "recompute_granularity", None)
