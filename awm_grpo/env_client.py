@@ -22,15 +22,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import hashlib
 import itertools
+import json
 import logging
 import os
 import sqlite3
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+from awm.database import table_change
 from awm.serve.limits import TOKEN_ENV
 from awm.verifier import Verdict
 
@@ -111,10 +115,126 @@ def close_runtimes() -> None:
         runtime.close()
 
 
+# ---- episode state: awm.database's state hash and change summary, each DB read once a change ----------
+
+_HEADER_BYTES = 100
+_TEMPLATES: dict[str, tuple[tuple[int, ...], str, dict[str, Any]]] = {}  # path -> (version, state hash, rows)
+_TEMPLATE_CACHE_SIZE = 64  # initial DBs (one a scenario) kept; the oldest is dropped past it
+_ROW_JSON = json.JSONEncoder(default=repr)  # what awm.database.state_hash's json.dumps(row, default=repr) uses
+
+
+def db_version(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
+    """What changes whenever the SQLite file's content does, or None when that cannot be told from the file.
+
+    Outside WAL mode SQLite increments the header's file change counter (bytes 24-27) on every commit that
+    changes the file (the environment workers keep their journal in memory, so no other file is involved),
+    and the commit rewrites the file (mtime); together with the inode and size, a stale match would need a
+    file replaced by a same-sized one carrying the same counter within one timestamp tick. WAL-mode files
+    (header bytes 18-19 = 2), a journal or WAL file beside the DB, or a short header: None (always read)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        header = os.pread(fd, _HEADER_BYTES, 0)
+    finally:
+        os.close(fd)
+    if len(header) < _HEADER_BYTES or header[18] == 2 or header[19] == 2:
+        return None
+    if os.path.exists(f"{os.fspath(path)}-journal") or os.path.exists(f"{os.fspath(path)}-wal"):
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, int.from_bytes(header[24:28], "big")
+
+
+def _table_rows(conn: sqlite3.Connection, table: str, hashed: Any = None) -> tuple[list[str], dict[tuple, tuple]]:
+    """awm.database._keyed_rows(conn, table) (the same query), read in awm.database.state_hash's row order;
+    with `hashed` (a sha256) each row is also fed to it as state_hash does, so one read serves both."""
+    info = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
+    cols = [c[1] for c in info]
+    pk = [c[1] for c in sorted(info, key=lambda c: c[5]) if c[5] > 0]
+    key_sql = ", ".join(f'"{c}"' for c in pk) if pk else "rowid"
+    width = len(pk) or 1
+    order = ", ".join(str(width + i + 1) for i in range(len(info)))
+    rows = conn.execute(f'SELECT {key_sql}, * FROM "{table}" ORDER BY {order}').fetchall()
+    keyed = {tuple(r[:width]): tuple(r[width:]) for r in rows}
+    if hashed is not None:
+        encode = _ROW_JSON.encode
+        hashed.update(b"".join([encode(r[width:]).encode() for r in rows]))
+    return cols, keyed
+
+
+def _connect_ro(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
+
+
+def _read_db(path: str | os.PathLike[str]) -> tuple[str, dict[str, tuple[list[str], dict[tuple, tuple]]]]:
+    """(awm.database.state_hash(path), {table: awm.database._keyed_rows(...)}) from one read of the file."""
+    h = hashlib.sha256()
+    tables: dict[str, tuple[list[str], dict[tuple, tuple]]] = {}
+    conn = _connect_ro(path)
+    try:
+        for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table' "
+                                      "AND name NOT LIKE 'sqlite_%' ORDER BY name").fetchall():
+            h.update(f"T:{name}:{sql}\n".encode())
+            tables[name] = _table_rows(conn, name, h)
+    finally:
+        conn.close()
+    return h.hexdigest(), tables
+
+
+def _template(path: str | os.PathLike[str]) -> tuple[tuple[int, ...] | None, str, dict[str, Any]]:
+    """(version, state hash, keyed rows) of an initial DB, kept while the file is unchanged (episodes of a
+    scenario share it)."""
+    key, version = os.fspath(path), db_version(path)
+    cached = _TEMPLATES.get(key)
+    if version is not None and cached is not None and cached[0] == version:
+        return cached
+    found = (version, *_read_db(path))
+    if version is not None:
+        _TEMPLATES.pop(key, None)
+        while len(_TEMPLATES) >= _TEMPLATE_CACHE_SIZE:
+            _TEMPLATES.pop(next(iter(_TEMPLATES)))
+        _TEMPLATES[key] = found
+    return found
+
+
+def untouched_state(initial_db: str | os.PathLike[str], version: tuple[int, ...] | None) -> dict[str, Any] | None:
+    """The state of an episode DB (at `version`, from `db_version`) that no commit has changed since it was
+    copied from `initial_db`: the initial DB's hash and no changes; None when that is not certain. A byte
+    copy starts with its template's header, and every commit that changes it increments the change counter,
+    so the same counter and size mean the same content."""
+    template_version, template_hash, _ = _template(initial_db)
+    if version is None or template_version is None or version[1:4:2] != template_version[1:4:2]:
+        return None
+    return {"state_hash": template_hash, "changes": {}}
+
+
+def read_state(initial_db: str | os.PathLike[str], db_path: str | os.PathLike[str]) -> dict[str, Any]:
+    """{"state_hash": awm.database.state_hash(db_path), "changes": awm.database.diff_databases(initial_db,
+    db_path)}, from one read of `db_path` (both walk every row of every table) and the initial DB's rows
+    kept across episodes: the two functions read the episode's DB twice and the template once a turn."""
+    before = _template(initial_db)[2]
+    state_hash, after = _read_db(db_path)
+    changes: dict[str, dict[str, Any]] = {}
+    for name in sorted(before.keys() | after.keys()):
+        if name not in before or name not in after:
+            changes[name] = {"table": "added" if name in after else "removed"}
+            continue
+        entry = table_change(before[name][0], before[name][1], after[name][1])
+        if entry is not None:
+            changes[name] = entry
+    return {"state_hash": state_hash, "changes": changes}
+
+
+def _copy_changes(changes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A turn's own copy: later turns may return the same (cached) summary."""
+    return {t: {k: list(v) if isinstance(v, list) else v for k, v in e.items()} for t, e in changes.items()}
+
+
 class InProcessEnv:
     def __init__(self, episode: Any) -> None:
         self.episode = episode
         self.tools = episode.tools
+        self._state: dict[str, Any] = {}
+        self._state_version: tuple[int, ...] | None = None
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         from awm.runtime.pool import InfraError
@@ -126,11 +246,16 @@ class InProcessEnv:
         return ToolResult(obs.text, obs.is_error, obs.kind, obs.latency_s)
 
     async def state(self) -> dict[str, Any]:
-        def read() -> dict[str, Any]:
-            return {"state_hash": self.episode.state_hash(), "changes": self.episode.changes()}
-
+        """{"state_hash", "changes"} as `Episode.state_hash()` and `Episode.changes()` give them; the DB is read
+        only when it changed since the last read (`db_version`), which a read-only call never does."""
         try:
-            return await asyncio.to_thread(read)
+            version = db_version(self.episode.db_path)
+            if version is None or version != self._state_version:
+                state = untouched_state(self.episode.initial_db, version) if not self._state else None
+                if state is None:
+                    state = await asyncio.to_thread(read_state, self.episode.initial_db, self.episode.db_path)
+                self._state, self._state_version = state, version
+            return {"state_hash": self._state["state_hash"], "changes": _copy_changes(self._state["changes"])}
         except (sqlite3.Error, OSError) as exc:  # e.g. out of file descriptors: the machinery, not the agent
             raise EnvInfraError(f"reading the state of episode {self.episode.id}: {type(exc).__name__}: {exc}") from exc
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import json
 import time
@@ -235,10 +236,13 @@ def cap_observations(encoder: ChatEncoder, texts: list[str], calls: list[dict[st
 
 
 def _truncate(encoder: ChatEncoder, text: str, limit: int) -> str:
+    bound = encoder.max_tokens(text)
+    if bound is not None and bound <= limit:  # short enough to need no count
+        return text
     ids = encoder.encode(text)
     if len(ids) <= limit:
         return text
-    return encoder.tok.decode(ids[:limit]) + TRUNCATION_MARKER.format(n=len(ids) - limit)
+    return encoder.decode(ids[:limit]) + TRUNCATION_MARKER.format(n=len(ids) - limit)
 
 
 def turn_seed(args: argparse.Namespace, sample: Sample, turn: int, evaluation: bool) -> int | None:
@@ -287,6 +291,7 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
     `segments`: collects the samples of turns generated from a windowed context (sliding window)."""
     cfg = RolloutConfig.from_args(args)
     _check_open_files(args)
+    relax_gc()
     meta = sample.metadata or {}
     try:
         scenario, task_idx = str(meta["scenario"]), int(meta["task_idx"])
@@ -296,7 +301,7 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
     episode = Episode(scenario, task_idx, str(meta.get("task", "")))
     env: EnvSession | None = None
     try:
-        env = await open_env(cfg.env, scenario, task_idx)
+        env = await open_env_cancellable(cfg.env, scenario, task_idx)
         await _play(args, cfg, sample, sampling_params, policy, env, episode, segments, evaluation)
     except EnvInfraError as exc:
         episode.infra_error = str(exc)
@@ -313,6 +318,46 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
         seg.status, seg.remove_sample = sample.status, sample.remove_sample
     write_trace(cfg.trace_dir, "eval" if evaluation else "rollout", _training_step(sample), sample, episode)
     return sample
+
+
+async def open_env_cancellable(cfg: EnvConfig, scenario: str, task_idx: int) -> EnvSession:
+    """`open_env`, except that a cancellation arriving while the episode opens (the step's batch filled and
+    slime cancels the episodes still in flight) lets the open finish and closes the episode: by then the
+    environment may hold its DB (worker) or session (MCP server), which nothing else would release."""
+    opening = asyncio.ensure_future(open_env(cfg, scenario, task_idx))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        try:
+            env = await opening
+        except Exception:  # noqa: BLE001 - the open failed: nothing was opened to release
+            raise asyncio.CancelledError from None
+        await env.close()
+        raise
+
+
+_gc_relaxed = False
+GC_YOUNG_THRESHOLD = 50_000  # container allocations between young collections (CPython's default: 700)
+
+
+def relax_gc() -> None:
+    """Once per process: freeze what exists (libraries, the tokenizer) out of the cyclic collector's walks
+    and collect young objects every 50,000 allocations instead of 700.
+
+    A step's episodes allocate millions of short-lived containers (an engine reply is one list per token),
+    so the default thresholds ran thousands of young and dozens of full collections a step: a full one
+    walks every object of torch and transformers, and the young ones walk the replies of the 1,000
+    episodes in flight. That was about a third of the rollout driver's CPU (docs/performance.md, "1,024
+    concurrent episodes"). Objects still die by reference count as before; only cycles wait longer."""
+    global _gc_relaxed
+    if _gc_relaxed:
+        return
+    _gc_relaxed = True
+    gc.collect()
+    gc.freeze()
+    young, middle, old = gc.get_threshold()
+    if young:  # 0: collection switched off by the caller; leave it so
+        gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
 
 
 def _check_open_files(args: argparse.Namespace) -> None:
@@ -338,8 +383,9 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
     episode.messages = [{"role": "user", "content": task}, *prefix]
     # The rollout owns the prompt (system prompt and tools depend on the config and the environment);
     # a start-state conversation prefix is part of the prompt, never trained on.
+    pieces: dict[str, list[int]] = {}  # the conversation's encoded pieces: the drift check finds them again
     prompt = encoder.encode(encoder.render(episode.messages, add_generation_prompt=True)) if prefix \
-        else encoder.prompt_ids(task)
+        else encoder.prompt_ids(task, pieces)
     sample.tokens, sample.response_length, sample.response = list(prompt), 0, ""
     sample.loss_mask, sample.rollout_log_probs = [], []
     budget = args.rollout_max_response_len or sampling_params.get("max_new_tokens", 1024)
@@ -370,9 +416,12 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         output = await policy(context, params)
         episode.timings["generate_s"] += time.perf_counter() - started
         info = output["meta_info"]
-        pairs = info.get("output_token_logprobs") or []
+        # taken out of the reply: one list per token, which would otherwise live through the tool call and
+        # the next generation (a step's episodes hold millions of them, for the cyclic collector to walk)
+        pairs = info.pop("output_token_logprobs", None) or []
         ids, logps = [int(p[1]) for p in pairs], [float(p[0]) for p in pairs]
-        text = tokenizer.decode(ids, skip_special_tokens=False)
+        del pairs
+        text = encoder.decode(ids)
         span = [sample.response_length, sample.response_length + len(ids)]  # this turn's model tokens [start, end)
         if windowed:  # trained in its own sample, under the context it was sampled from
             sample.append_response_tokens(args, ids, trainable=False, meta_info=info, text=text)
@@ -394,16 +443,16 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         if stop is not None:
             break
         texts = cap_observations(encoder, texts, episode.turns[-1].get("calls", []), cfg.max_observation_tokens)
-        obs_ids = encoder.observation_ids(texts, model_closed_turn=closed)
+        obs_ids, obs_text = encoder.observation(texts, model_closed_turn=closed, pieces=pieces)
         if sample.response_length + len(obs_ids) >= budget:
             sample.status, episode.stop_reason = Sample.Status.TRUNCATED, "context_budget"
             break
-        sample.append_response_tokens(args, obs_ids, trainable=False, text=tokenizer.decode(obs_ids))
+        sample.append_response_tokens(args, obs_ids, trainable=False, text=obs_text)
         episode.messages += [{"role": "tool", "content": t} for t in texts]
         open_turn = True
     if sample.status == Sample.Status.PENDING:
         sample.status = Sample.Status.COMPLETED
-    drift = encoder.drift(sample.tokens, episode.messages, open_turn=open_turn)
+    drift = encoder.drift(sample.tokens, episode.messages, open_turn=open_turn, pieces=pieces)
     episode.drift_tokens = drift.mismatched_tokens
     if turns.progress is not None:
         episode.recovery = await asyncio.to_thread(turns.progress.finish, episode.turns)

@@ -20,7 +20,8 @@ from collections import Counter
 import aiohttp
 import httpx
 import httpx2
-from slime.utils.misc import free_port
+
+from slime.utils.ports import free_port
 
 SERVER = """
 import asyncio, sys

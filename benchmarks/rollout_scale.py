@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/rollout_scale.py                                  # 64, 256, 1024 episodes
     .venv/bin/python benchmarks/rollout_scale.py --episodes 1024 --latency-ms 500 --env-workers 2
     .venv/bin/python benchmarks/rollout_scale.py --data-dir DIR                   # a practice set, say
+    .venv/bin/python benchmarks/rollout_scale.py --episodes 1024 --turns 10 --think-words 256 --latency-ms 2000
 
 Drives `awm_grpo.loadtest.harness.play_step`: slime's rollout function, the slime router (own process), the
 rollout with the in-process environment runtime (worker processes, verifier sandbox), the reward
@@ -31,6 +32,7 @@ from env_throughput import pss_bytes  # benchmarks/ is the script's folder, so f
 from awm_grpo.loadtest.harness import (
     ScriptedStack,
     StepResult,
+    driver_cpu_ms_per_episode,
     open_episodes,
     play_step,
     rollout_args,
@@ -50,12 +52,21 @@ class Sampler(threading.Thread):
         self.peak_episodes = 0
         self.cpu_s: dict[int, tuple[str, float]] = {}  # pid -> (process group, latest CPU seconds)
         self.done = threading.Event()
+        self.ticks: list[tuple[float, float]] = []  # (perf_counter, this thread's CPU): its share of the driver's
         self.base = {p: cpu_seconds(p) for pids in self.groups().values() for p in pids}  # CPU before the step
 
     def groups(self) -> dict[str, list[int]]:
         return {"rollout": [os.getpid()], **{k: [v] for k, v in self.stack.pids.items()}, **runtime_pids()}
 
+    def own_cpu_s(self, start: float, end: float) -> float:
+        """CPU this sampling thread spent between two perf_counter times: the rollout process's, not the driver's."""
+        def at(when: float) -> float:
+            return max((cpu for t, cpu in self.ticks if t <= when), default=0.0)
+
+        return at(end) - at(start)
+
     def run(self) -> None:
+        self.ticks.append((time.perf_counter(), time.thread_time()))
         while not self.done.wait(self.period_s):
             self.peak_episodes = max(self.peak_episodes, open_episodes())
             total = 0.0
@@ -66,6 +77,7 @@ class Sampler(threading.Thread):
                 self.peak_mb[name] = max(self.peak_mb[name], mb)
                 self.peak_files[name] = max(self.peak_files[name], max((open_files(p) for p in pids), default=0))
             self.peak_mb["total"] = max(self.peak_mb["total"], total)
+            self.ticks.append((time.perf_counter(), time.thread_time()))
 
 
 def open_files(pid: int) -> int:
@@ -96,6 +108,11 @@ def report(n: int, result: StepResult, sampler: Sampler) -> None:
     print(f"  turns           {sum(turns)} total, {statistics.mean(turns):.2f} mean, {max(turns)} max; "
           f"{calls} tool calls")
     print(f"  open at once    {sampler.peak_episodes} episodes (peak)")
+    sampling = sampler.own_cpu_s(*result.spans["rollout_s"])
+    driver = driver_cpu_ms_per_episode(result.cpu["rollout_s"] - sampling, len(records))
+    print(f"  driver CPU      {driver:.1f} ms/episode  {driver * len(records) / sum(turns):.2f} ms/turn "
+          f"(rollout phase, all threads but this benchmark's sampler, {1000 * sampling / len(records):.1f}; "
+          f"log_rollout {1000 * result.cpu['traces_s'] / len(records):.1f})")
     for key in ("generate_s", "env_s", "verify_s"):
         values = [r["timings"].get(key, 0.0) for r in records]
         print(f"  per episode     {key.removesuffix('_s'):8s} mean {statistics.mean(values):6.2f} s  "
@@ -121,6 +138,10 @@ def main() -> None:
     p.add_argument("--latency-ms", type=float, default=0.0, help="engine time per reply")
     p.add_argument("--think-words", type=int, default=64, help="filler thinking words before every reply")
     p.add_argument("--n-samples", type=int, default=4, help="group size")
+    p.add_argument("--max-response-len", type=int, default=16384,
+                   help="--rollout-max-response-len (the h100/h200 profiles' 16,384)")
+    p.add_argument("--turns", type=int, default=None,
+                   help="stretch every episode to this many model turns with read-only calls (AWM-length: 10)")
     opts = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="rollout-scale-") as tmp:
         model = opts.model
@@ -128,13 +149,15 @@ def main() -> None:
             from slime.models.tiny import build_tiny_model
 
             model = str(build_tiny_model(Path(tmp) / "tiny", seed=0))
-        prompts, scripts, tasks = write_inputs(opts.data_dir, Path(tmp) / "inputs")
+        prompts, scripts, tasks = write_inputs(opts.data_dir, Path(tmp) / "inputs", turns=opts.turns)
+        padding = {"max_repeated_calls": opts.turns} if opts.turns else {}
         print(f"{tasks} tasks with reference solutions; env workers {opts.env_workers}, engine latency "
               f"{opts.latency_ms:g} ms, thinking {opts.think_words} words a turn; {os.cpu_count()} CPUs")
         with ScriptedStack(model, scripts, latency_ms=opts.latency_ms, think_words=opts.think_words) as stack:
             for n in opts.episodes:
                 args = rollout_args(stack, model, prompts, Path(tmp) / f"traces-{n}", episodes=n,
-                                    n_samples=opts.n_samples, env_workers=opts.env_workers)
+                                    n_samples=opts.n_samples, env_workers=opts.env_workers,
+                                    max_response_len=opts.max_response_len, **padding)
                 sampler = Sampler(stack)
                 sampler.start()
                 started = time.perf_counter()

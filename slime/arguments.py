@@ -45,8 +45,9 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
   --loss-type (policy_loss, sft_loss: masked NLL with the same aggregation; custom_loss is not implemented)
 - optimizer: --lr, --clip-grad, --seed, --weight-decay, --adam-beta1, --adam-beta2, --adam-eps,
   --lr-warmup-iters, --max-tokens-per-gpu, --micro-batch-size (caps samples per micro-batch)
-- weights: --update-weight-transport (disk; nccl with --engine-type sglang on separate GPUs, GPU only:
-  refused with --colocate, see `finalize_args`),
+- weights: --update-weight-transport (disk; tensor: CUDA IPC to colocated SGLang engines, shared memory
+  to CPU engines; nccl with --engine-type sglang on separate GPUs, GPU only: refused with --colocate,
+  see `finalize_args`),
   --update-weight-disk-dir, --update-weight-disk-keep-files, --update-weights-interval,
   --update-weight-buffer-size
 - checkpoints: --load, --save, --save-interval, --keep-checkpoints (ours), --start-rollout-id
@@ -65,8 +66,7 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
 Not implemented: --data-source-path, --buffer-filter-path (the buffer uses `pop_first`), sample
 filters, sample hooks, --rm-type built-ins, --partial-rollout, --kl-coef (KL in the reward: use
 --use-kl-loss), critic-side flags beyond those above (--critic-num-nodes, ...), --loss-type
-custom_loss, CUDA-IPC weight transport in the loop (TensorWeightSync(mode="ipc") exists, unwired),
-tensor/pipeline/context/expert parallelism (sizes other than 1 are refused), bf16 outside fsdp.
+custom_loss, tensor/pipeline/context/expert parallelism (sizes other than 1 are refused), bf16 outside fsdp.
 """
 
 from __future__ import annotations
@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sglang_router's load-balancing policy (--rollout-router sglang; default: its cache_aware)")
     g.add_argument("--engine-max-batch-size", type=int, default=64, help="ours: CPU engine batch cap")
     g.add_argument("--engine-seed", type=int, default=0, help="ours: CPU engine sampling seed")
+    g.add_argument("--engine-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="ours: what the CPU engine computes in, and so the dtype of its weight syncs and exports "
+                        "(float32: the trainer's, rollouts match its log-probs; bfloat16: what SGLang engines serve)")
     g.add_argument("--engine-prefix-cache-tokens", type=int, default=1 << 16,
                    help="ours: CPU engine prefix KV cache budget in tokens (multi-turn prompts reuse the "
                         "previous turn's KV); 0: off")
@@ -263,10 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--micro-batch-size", type=int, default=None, help="samples per micro-batch cap")
 
     g = p.add_argument_group("weight sync")
-    g.add_argument("--update-weight-transport", default="disk", choices=["disk", "nccl"],
-                   help="nccl: NCCL broadcast to SGLang engines (GPU, --engine-type sglang)")
+    g.add_argument("--update-weight-transport", default="disk", choices=["disk", "tensor", "nccl"],
+                   help="disk: HF safetensors each engine loads; tensor: /update_weights_from_tensor from the "
+                        "trainer's memory (CUDA IPC to colocated SGLang engines, shared memory to CPU engines; "
+                        "engines on other nodes and failed syncs fall back to disk); nccl: NCCL broadcast to "
+                        "SGLang engines on GPUs of their own")
     g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024**2,
-                   help="bytes per weight-sync bucket (nccl transport)")
+                   help="bytes per weight-sync bucket (tensor and nccl transports; in the serving dtype)")
     g.add_argument("--update-weight-disk-dir", default=None, help="default: <save or tmp>/weights")
     g.add_argument("--update-weight-disk-keep-files", action="store_true")
     g.add_argument("--update-weights-interval", type=int, default=1)
@@ -364,6 +370,10 @@ def finalize_args(args: argparse.Namespace) -> None:
     check_backend(args)
     if args.update_weight_transport == "nccl" and args.engine_type != "sglang":
         raise ArgumentError("--update-weight-transport nccl needs --engine-type sglang (the CPU engine loads from disk)")
+    if args.update_weight_transport == "tensor" and args.engine_type == "sglang" and not args.colocate:
+        raise ArgumentError("--update-weight-transport tensor hands SGLang engines CUDA IPC handles of the trainer's "
+                            "GPU memory, which needs --colocate; engines on GPUs of their own take "
+                            "--update-weight-transport nccl")
     if args.update_weight_transport == "nccl" and args.colocate:
         raise ArgumentError("--update-weight-transport nccl cannot run with --colocate: a trainer rank and an engine "
                             "on the same GPU cannot both be ranks of one NCCL communicator. Use "
@@ -405,9 +415,9 @@ def finalize_args(args: argparse.Namespace) -> None:
 
 
 def serving_dtype(args: argparse.Namespace) -> str:
-    """The dtype the rollout engines serve, and so the dtype of every export and checkpoint model folder
-    meant for them: `--sglang-dtype` for SGLang engines (bfloat16 unless set), float32 for the CPU engine
-    (it computes in the trainer's fp32)."""
+    """The dtype the rollout engines serve, and so the dtype of every weight sync, export and checkpoint
+    model folder meant for them: `--sglang-dtype` for SGLang engines (bfloat16 unless set), `--engine-dtype`
+    for the CPU engine (float32 unless set: the trainer's fp32)."""
     if getattr(args, "engine_type", "cpu") == "sglang":
         return args.sglang_dtype or "bfloat16"
-    return "float32"
+    return getattr(args, "engine_dtype", None) or "float32"

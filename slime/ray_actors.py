@@ -150,9 +150,10 @@ class TrainActor:
         return self._fan_out("export", out_dir)
 
     def update_weights_tensor(self, engine_urls: list[str], tp_sizes: list[int], version: int,
-                              bucket_bytes: int) -> str:
-        """NCCL weight sync to SGLang engines (GPU only; see slime/weight_sync.py): rank 0 broadcasts, FSDP
-        followers take part in gathering the full tensors."""
+                              bucket_bytes: int) -> dict[str, Any]:
+        """Tensor weight sync (`--update-weight-transport tensor | nccl`; see slime/weight_sync.py): rank 0
+        posts handles or broadcasts, FSDP followers take part in gathering the full tensors; rank 0's
+        report of what moved comes back (`EnginePool.last_sync`)."""
         return self._fan_out("update_weights_tensor", engine_urls, tp_sizes, version, bucket_bytes,
                              ray.util.get_node_ip_address())
 

@@ -175,9 +175,15 @@ class Run:
         return start
 
     async def sync_weights(self, version: int) -> None:
-        """--update-weight-transport disk (HF safetensors the engines load; old folder dropped) or nccl."""
+        """--update-weight-transport disk (HF safetensors the engines load; old folder dropped), tensor or nccl
+        (from the trainer's memory; a folder only when engines fell back to disk). `engines.last_sync` says what moved."""
         old = self.engines.weights_path
         path = await self.engines.sync_weights(self.trainer, version, str(self.weights_root / f"weight_v{version:06d}"))
+        moved = getattr(self.engines, "last_sync", None) or {}
+        if moved.get("parameters"):
+            logger.info("weight sync v%d: %s%s, %d bytes for %d parameters (%.2f bytes/parameter) in %.2f s", version,
+                        moved["transport"], f" (then disk: {moved['fallback_engines']})" if moved.get("fallback") else "",
+                        moved["bytes_sent"], moved["parameters"], moved["bytes_per_parameter"], moved["seconds"])
         if path and not self.args.update_weight_disk_keep_files and old != path and Path(old).parent == self.weights_root:
             shutil.rmtree(old, ignore_errors=True)
 

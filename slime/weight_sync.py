@@ -1,7 +1,8 @@
-"""Pushing the trainer's weights into the rollout engines: one interface, a disk path and a GPU path.
+"""Pushing the trainer's weights into the rollout engines: one interface, a disk path and tensor paths.
 
-    sync = DiskWeightSync("/ckpt/weights")     # or TensorWeightSync(mode="ipc" | "nccl") on GPU
+    sync = DiskWeightSync("/ckpt/weights")     # or TensorWeightSync(mode="shm" | "ipc" | "nccl")
     version = sync.sync(trainer, engines, version=step)
+    sync.stats()  # {"transport", "bytes_sent", "parameters", "bytes_per_parameter", "seconds"} of that sync
 
 Every `sync` brackets the transfer the same way (docs/trainer.md, slime's contracts): pause generation,
 flush the prefix cache (fails if requests still run: drain or abort them first), transfer, continue.
@@ -9,18 +10,27 @@ flush the prefix cache (fails if requests still run: drain or abort them first),
 out and reloads engines that rejoin later), while the tensor paths need each engine's own URL.
 
 In a training run `slime.engine.pool.EnginePool.sync_weights` picks the path from
-`--update-weight-transport`: disk, or nccl, where the train actor runs `TensorWeightSync("nccl")` on
-`EngineClient`s (engines started by other actors, reached by URL).
+`--update-weight-transport`: disk; tensor, where the train actor runs `TensorWeightSync("shm")` for CPU
+engines and `TensorWeightSync("ipc")` for colocated SGLang engines on `EngineClient`s (engines on
+other nodes, and every engine after a failed sync, load from disk instead); or nccl,
+`TensorWeightSync("nccl")`.
 
-`DiskWeightSync` works everywhere and is the only path on CPU. `TensorWeightSync` needs CUDA; it is
-written against SGLang's `/update_weights_from_tensor` (CUDA IPC handles, `flattened_bucket` format)
-and `/init_weights_update_group` + `/update_weights_from_distributed` (NCCL broadcast), the same in both
-pinned versions (0.5.10, 0.5.23), and on 0.5.21+ inside `/begin_weight_update` ... `/end_weight_update`
-(`update_session`). On CPU, tests/slime/test_weight_sync_sglang.py forms the update group over gloo
-between this module and SGLang's own `init_custom_process_group` and receives the buckets with both
-versions' own receive code; tests/gpu/device_check.sh streams the weights
-over a one-rank NCCL group on one GPU (written, not yet run on a GPU). The full NCCL path against a
-live SGLang server has not run here.
+What ran where:
+- disk: everywhere (CPU tests, the GPU device checks).
+- shm (`/update_weights_from_tensor` with shared-memory handles by file name, sglang's
+  `flattened_bucket` format, `slime.engine.tensor_payload`): on CPU into the real CPU engine, in
+  training runs through the real train actor (tests/slime/test_weight_sync_tensor.py: log-probs match
+  the trainer's after every sync, 2.0 bytes a parameter in bf16, no /dev/shm object left behind);
+  and read by both pinned sglangs' own `MultiprocessingSerializer.deserialize` (SafeUnpickler) and
+  flattened-bucket receiving code, bit-exact (tests/slime/test_weight_sync_sglang.py).
+- ipc (CUDA IPC handles, sglang's own serializer): its payload layout is rebuilt by both sglangs'
+  `FlattenedTensorBucket` on CPU (a host tensor in place of the GPU one); it has NOT run on a GPU or
+  against a live SGLang server.
+- nccl (`/init_weights_update_group` + `/update_weights_from_distributed`): on CPU over gloo between
+  this module and both sglangs' own `init_custom_process_group` and receive loops; on one GPU the
+  update group forms and broadcasts (tests/gpu/device_check.sh); never against a live SGLang server.
+On 0.5.21+ (0.5.23) the tensor paths run inside `/begin_weight_update` ... `/end_weight_update`
+(`update_session`); 0.5.10 and the CPU engine have no session.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -61,15 +72,37 @@ WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpoi
 
 
 class WeightSync(abc.ABC):
-    """Make `engines` serve the trainer's current weights under `version`; returns the version string."""
+    """Make `engines` serve the trainer's current weights under `version`; returns the version string.
 
-    def __init__(self, *, flush_timeout_s: float = 60.0):
+    After a sync, `transport`, `bytes_sent` (bytes of tensor data one engine received: the bucket
+    bytes for the tensor paths, the safetensors files for disk), `parameters` (how many numbers they
+    held) and `seconds` say what moved; `stats()` has them as one dict. With `keep_paused_on_error`
+    a failed transfer leaves the engines paused (no generation on half-updated weights) for a
+    fallback to load weights and `/continue_generation` them."""
+
+    transport = ""
+
+    def __init__(self, *, flush_timeout_s: float = 60.0, keep_paused_on_error: bool = False):
         self.flush_timeout_s = flush_timeout_s
+        self.keep_paused_on_error = keep_paused_on_error
+        self.bytes_sent = self.parameters = 0
+        self.seconds = 0.0
+        self.iterated = False
 
     def sync(self, trainer: Any, engines: Sequence[RolloutEngine], version: int) -> str:
+        started = time.perf_counter()
+        self.bytes_sent = self.parameters = 0
+        self.iterated = False  # whether the trainer's tensors were iterated (FSDP ranks gather them together)
         with self._paused(engines):
             self._transfer(trainer, engines, version)
+        self.seconds = time.perf_counter() - started
         return str(version)
+
+    def stats(self) -> dict[str, Any]:
+        """What the last sync moved: transport, bytes_sent, parameters, bytes_per_parameter, seconds."""
+        per = self.bytes_sent / self.parameters if self.parameters else 0.0
+        return {"transport": self.transport, "bytes_sent": self.bytes_sent, "parameters": self.parameters,
+                "bytes_per_parameter": per, "seconds": self.seconds}
 
     @abc.abstractmethod
     def _transfer(self, trainer: Any, engines: Sequence[RolloutEngine], version: int) -> None:
@@ -78,11 +111,14 @@ class WeightSync(abc.ABC):
     @contextmanager
     def _paused(self, engines: Sequence[RolloutEngine]) -> Iterator[None]:
         _each(engines, lambda e: e.pause_generation())
+        done = False
         try:
             _each(engines, lambda e: e.flush_cache(timeout_s=self.flush_timeout_s))
             yield
+            done = True
         finally:
-            _each(engines, lambda e: e.continue_generation())
+            if done or not self.keep_paused_on_error:
+                _each(engines, lambda e: e.continue_generation())
 
 
 def _each(engines: Sequence[RolloutEngine], call: Callable[[RolloutEngine], Any]) -> list[Any]:
@@ -107,6 +143,8 @@ class DiskWeightSync(WeightSync):
     delete older version folders, keeping the newest `keep_versions` (the newest stays so that an engine
     restarting behind a router can reload it; `keep_versions=None` keeps all)."""
 
+    transport = "disk"
+
     def __init__(self, root: str | os.PathLike, *, keep_versions: int | None = 1, tokenizer: Any = None,
                  flush_timeout_s: float = 60.0, dtype: str | None = None):
         super().__init__(flush_timeout_s=flush_timeout_s)
@@ -127,6 +165,7 @@ class DiskWeightSync(WeightSync):
         wrong = {engine.url: v for engine, v in zip(engines, reported, strict=True) if v != str(version)}
         if wrong:
             raise EngineError(f"engines report weight versions {wrong} after loading {path}, expected {version}")
+        self.bytes_sent, self.parameters = safetensors_size(path)
         self.prune()
         logger.info("weights v%d loaded by %d engine(s) from %s", version, len(engines), path)
 
@@ -142,7 +181,27 @@ class DiskWeightSync(WeightSync):
         return doomed
 
 
-# ---- tensors (GPU) -------------------------------------------------------------------------------
+def safetensors_size(folder: str | os.PathLike) -> tuple[int, int]:
+    """(bytes on disk, numbers held) of a folder's *.safetensors files (their headers list the shapes)."""
+    import json
+    import struct
+
+    size = count = 0
+    for file in Path(folder).glob("*.safetensors"):
+        size += file.stat().st_size
+        with open(file, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for key, entry in header.items():
+            if key != "__metadata__":
+                n = 1
+                for dim in entry["shape"]:
+                    n *= dim
+                count += n
+    return size, count
+
+
+# ---- tensors -------------------------------------------------------------------------------------
 
 
 def hf_named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -192,16 +251,18 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
 
 
 def bucket_named_tensors(
-    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    itemsize: int | None = None,
 ) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Greedy buckets in order, each at most `bucket_bytes` unless one tensor alone is larger (it then
-    travels alone): one transfer per bucket bounds the extra memory a sync needs."""
+    travels alone): one transfer per bucket bounds the extra memory a sync needs. `itemsize`: count
+    bytes in the dtype the tensors will travel in (they are cast later), not their own."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, tensor in named:
-        n = tensor_bytes(tensor)
+        n = tensor.numel() * itemsize if itemsize else tensor_bytes(tensor)
         if bucket and size + n > bucket_bytes:
             yield bucket
             bucket, size = [], 0
@@ -287,13 +348,19 @@ def _sglang_serializer() -> tuple[Callable[[Any], str], type]:
 
 
 class TensorWeightSync(WeightSync):
-    """GPU-only (see the module docstring for what ran where). Weights go straight from trainer GPU
-    memory to the engines, bucket by bucket, in HF names, inside one `update_session`.
+    """Weights straight from trainer memory to the engines, bucket by bucket, in HF names, inside one
+    `update_session` (see the module docstring for what ran where).
 
-    mode="ipc" (colocated): each bucket is flattened on the trainer's GPU and its CUDA IPC handle is
-    posted to `/update_weights_from_tensor`; the engine maps the same memory. With engine TP > 1 the
-    handles of the trainer ranks sharing the engine's GPUs are gathered over `ipc_group` (one entry per
-    TP rank) and this rank posts them.
+    mode="shm" (colocated, host memory; the CPU engine): each bucket is flattened into a /dev/shm
+    object and its handle by file name (`slime.engine.tensor_payload.encode`, sglang's wire format) is
+    posted to every engine's `/update_weights_from_tensor`; the engine copies from the same memory.
+    Buckets are sized to fit free /dev/shm; a tensor that alone does not fit fails the sync, saying so.
+
+    mode="ipc" (colocated GPUs): each bucket is flattened on the trainer's GPU and its CUDA IPC handle
+    (sglang's serializer) is posted the same way. With engine TP > 1 the handles of the trainer ranks
+    sharing the engine's GPUs are gathered over `ipc_group` (one entry per TP rank) and this rank posts them.
+
+    Both keep a bucket alive until every engine's post returned, then free it.
 
     mode="nccl" (separate GPUs): `connect()` forms a process group of this trainer rank (rank 0) and
     every engine GPU (`/init_weights_update_group`); each bucket is announced with
@@ -302,7 +369,13 @@ class TensorWeightSync(WeightSync):
     `backend="gloo"` sends from host memory instead (the CPU conformance tests; engines must have
     been asked to join with gloo too, which `init_group_payload` does). `group_timeout_s` bounds the
     rendezvous and every collective of the group.
+
+    `dtype` (the engines' serving dtype, `slime.arguments.serving_dtype`; None: the trainer's own) is
+    the dtype tensors travel in. A failed bucket does not stop the iteration over the trainer's
+    tensors (FSDP ranks gather them together); the sync raises once the iteration is done.
     """
+
+    TRANSPORTS = {"shm": "shared-memory", "ipc": "cuda-ipc", "nccl": "nccl"}
 
     def __init__(
         self,
@@ -310,6 +383,7 @@ class TensorWeightSync(WeightSync):
         *,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         engine_tp_sizes: Sequence[int] | None = None,
+        dtype: str | torch.dtype | None = None,
         master_address: str = "127.0.0.1",
         master_port: int | None = None,
         group_name: str = "slime_weight_update",
@@ -317,13 +391,17 @@ class TensorWeightSync(WeightSync):
         backend: str = "nccl",
         group_timeout_s: float = 600.0,
         flush_timeout_s: float = 60.0,
+        keep_paused_on_error: bool = False,
     ):
-        super().__init__(flush_timeout_s=flush_timeout_s)
-        if mode not in ("ipc", "nccl"):
-            raise ValueError(f"mode must be 'ipc' (colocated, CUDA IPC) or 'nccl' (separate GPUs), got {mode!r}")
+        super().__init__(flush_timeout_s=flush_timeout_s, keep_paused_on_error=keep_paused_on_error)
+        if mode not in self.TRANSPORTS:
+            raise ValueError(f"mode must be 'shm' (host shared memory), 'ipc' (colocated GPUs, CUDA IPC) or 'nccl' "
+                             f"(separate GPUs), got {mode!r}")
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"backend must be 'nccl' (GPU) or 'gloo' (host memory, tests), got {backend!r}")
         self.mode, self.bucket_bytes, self.backend = mode, bucket_bytes, backend
+        self.transport = self.TRANSPORTS[mode]
+        self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         self.engine_tp_sizes = list(engine_tp_sizes) if engine_tp_sizes is not None else None
         self.master_address, self.master_port, self.group_name = master_address, master_port, group_name
         self.ipc_group, self.group_timeout_s = ipc_group, group_timeout_s
@@ -331,35 +409,118 @@ class TensorWeightSync(WeightSync):
         self._engines: list[RolloutEngine] = []
 
     def _transfer(self, trainer: Any, engines: Sequence[RolloutEngine], version: int) -> None:
-        if (self.mode == "ipc" or self.backend == "nccl") and not torch.cuda.is_available():
-            raise EngineError("TensorWeightSync needs CUDA; on CPU use DiskWeightSync")
-        buckets = bucket_named_tensors(trainer_hf_tensors(trainer), self.bucket_bytes)
+        if (self.mode == "ipc" or (self.mode == "nccl" and self.backend == "nccl")) and not torch.cuda.is_available():
+            raise EngineError(f"TensorWeightSync({self.mode!r}) needs CUDA; on CPU use mode='shm' or DiskWeightSync")
+        itemsize = self.dtype.itemsize if self.dtype is not None else None
+        bucket_bytes = self._shm_bucket_bytes() if self.mode == "shm" else self.bucket_bytes
+        buckets = bucket_named_tensors(trainer_hf_tensors(trainer), bucket_bytes, itemsize)
         if self.mode == "nccl" and self._group is None:
             self.connect(engines)
-        with update_session(engines):
-            if self.mode == "ipc":
-                self._send_ipc(buckets, engines, version)
-            else:
-                self._send_nccl(buckets, engines, version)
+        try:
+            with update_session(engines):
+                if self.mode == "nccl":
+                    self._send_nccl(buckets, engines, version)
+                else:
+                    self._send_handles(buckets, engines, version)
+        finally:
+            for _ in buckets:  # after a failure: the other FSDP ranks still gather every tensor with this one
+                pass
+            self.iterated = True
+        if self.mode != "nccl":
+            reported = _each(engines, lambda e: e.weight_version())
+            wrong = {e.url: v for e, v in zip(engines, reported, strict=True) if v != str(version)}
+            if wrong:
+                raise EngineError(f"engines report weight versions {wrong} after the tensor sync, expected {version}")
+        logger.info("weights v%d sent to %d engine(s) by %s: %d bytes for %d parameters", version, len(engines),
+                    self.transport, self.bytes_sent, self.parameters)
 
-    # -- CUDA IPC --
+    def _cast(self, bucket: Sequence[tuple[str, torch.Tensor]], device: str | torch.device | None = None
+              ) -> list[tuple[str, torch.Tensor]]:
+        return [(name, tensor.to(device=device, dtype=self.dtype)) for name, tensor in bucket]
 
-    def _send_ipc(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], engines: Sequence[RolloutEngine],
-                  version: int) -> None:
-        serialize, metadata_cls = _sglang_serializer()
+    def _count(self, bucket: Sequence[tuple[str, torch.Tensor]]) -> None:
+        self.bytes_sent += sum(tensor_bytes(t) for _, t in bucket)
+        self.parameters += sum(t.numel() for _, t in bucket)
+
+    # -- shared memory / CUDA IPC: handles posted to /update_weights_from_tensor --
+
+    def _shm_bucket_bytes(self) -> int:
+        """The bucket size, lowered to fit free /dev/shm (a bucket lives there until every engine copied it)."""
+        from slime.engine.tensor_payload import shm_free_bytes
+
+        free = shm_free_bytes()
+        if free is None or self.bucket_bytes <= free // 2:
+            return self.bucket_bytes
+        fitted = max(free // 2, 1)
+        logger.warning("/dev/shm has %d MB free: weight-sync buckets of %d MB instead of %d MB (docker's default is "
+                       "64 MB; `docker run --shm-size=...` gives more)", free >> 20, fitted >> 20,
+                       self.bucket_bytes >> 20)
+        return fitted
+
+    def _send_handles(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], engines: Sequence[RolloutEngine],
+                      version: int) -> None:
+        tp_sizes = self.engine_tp_sizes or [1] * len(engines)
         for bucket in buckets:
-            flat, metadata = flatten_bucket([(name, tensor.cuda()) for name, tensor in bucket])
-            mine = serialize({"flattened_tensor": flat, "metadata": [metadata_cls(**m) for m in metadata]})
-            per_rank = [mine]
-            if self.ipc_group is not None:
-                import torch.distributed as dist
+            if self.mode == "shm":  # cast while copying into shared memory: no second copy of the bucket
+                self._send_shm_bucket(bucket, engines, tp_sizes, version)
+            else:
+                bucket = self._cast(bucket)
+                self._send_ipc_bucket(bucket, engines, version)
+                self._count(bucket)
+        if self.mode == "ipc":
+            torch.cuda.synchronize()
 
-                per_rank = [None] * dist.get_world_size(self.ipc_group)
-                dist.all_gather_object(per_rank, mine, group=self.ipc_group)
-            payload = tensor_update_payload(per_rank, version)
-            _each(engines, lambda e, body=payload: _post_ok(e, UPDATE_WEIGHTS_FROM_TENSOR.path, body))
-            del flat  # the engine has copied it once the post returned
-        torch.cuda.synchronize()
+    def _post_bodies(self, engines: Sequence[RolloutEngine], bodies: Sequence[dict[str, Any]]) -> None:
+        by_engine = {id(e): body for e, body in zip(engines, bodies, strict=True)}
+        _each(engines, lambda e: _post_ok(e, UPDATE_WEIGHTS_FROM_TENSOR.path, by_engine[id(e)]))
+
+    def _send_shm_bucket(self, bucket: list[tuple[str, torch.Tensor]], engines: Sequence[RolloutEngine],
+                         tp_sizes: Sequence[int], version: int) -> None:
+        from slime.engine.tensor_payload import TensorMetadata, encode, release_shared, shm_free_bytes
+
+        dtype_of = (lambda t: t.dtype) if self.dtype is None else (lambda t: self.dtype)
+        total = sum(t.numel() * dtype_of(t).itemsize for _, t in bucket)
+        free = shm_free_bytes()
+        if free is not None and total > free:
+            raise EngineError(
+                f"a weight-sync bucket needs {total} bytes of /dev/shm ({bucket[0][0]}"
+                f"{' and others' if len(bucket) > 1 else ''}) and {free} are free: give the container more shared "
+                "memory (`docker run --shm-size=...`) or use --update-weight-transport disk")
+        flat = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_using_filename_cpu(total))
+        try:
+            metadata, offset = [], 0
+            for name, tensor in bucket:
+                dtype = dtype_of(tensor)
+                n = tensor.numel() * dtype.itemsize
+                if offset % dtype.itemsize == 0:
+                    flat[offset: offset + n].view(dtype).copy_(tensor.reshape(-1))  # casts on the way
+                else:  # mixed dtypes put this one off its alignment: copy its bytes
+                    flat[offset: offset + n].copy_(tensor.to(dtype).contiguous().reshape(-1).view(torch.uint8))
+                metadata.append(TensorMetadata(name, tensor.shape, dtype, offset, offset + n, n))
+                offset += n
+            # one handle per engine TP rank: each receiver gives back the reference its handle took
+            bodies = [tensor_update_payload([encode(flat, metadata) for _ in range(tp)], version) for tp in tp_sizes]
+            self._post_bodies(engines, bodies)
+        finally:
+            release_shared(flat)  # references of receivers that never mapped it (a refused post)
+            del flat  # the last reference: its /dev/shm object is unlinked
+        self.bytes_sent += total
+        self.parameters += sum(t.numel() for _, t in bucket)
+
+    def _send_ipc_bucket(self, bucket: list[tuple[str, torch.Tensor]], engines: Sequence[RolloutEngine],
+                         version: int) -> None:
+        serialize, metadata_cls = _sglang_serializer()
+        flat, metadata = flatten_bucket([(name, tensor.cuda()) for name, tensor in bucket])
+        mine = serialize({"flattened_tensor": flat, "metadata": [metadata_cls(**m) for m in metadata]})
+        per_rank = [mine]
+        if self.ipc_group is not None:
+            import torch.distributed as dist
+
+            per_rank = [None] * dist.get_world_size(self.ipc_group)
+            dist.all_gather_object(per_rank, mine, group=self.ipc_group)
+        payload = tensor_update_payload(per_rank, version)
+        self._post_bodies(engines, [payload] * len(engines))
+        del flat  # the engines have copied it once every post returned
 
     # -- NCCL --
 
@@ -388,11 +549,13 @@ class TensorWeightSync(WeightSync):
         device = "cuda" if self.backend == "nccl" else "cpu"
         with ThreadPoolExecutor(max_workers=len(engines)) as pool:
             for bucket in buckets:
+                bucket = self._cast(bucket)
                 payload = distributed_update_payload(bucket, self.group_name, version)
                 posts = [pool.submit(_post_ok, e, UPDATE_WEIGHTS_FROM_DISTRIBUTED.path, payload) for e in engines]
                 broadcast_bucket(bucket, self._group, device)
                 for post in posts:
                     post.result()
+                self._count(bucket)
 
     def close(self) -> None:
         if self._group is None:

@@ -124,17 +124,29 @@ def server_info_version(model_dir: str) -> Any:
     return answer["version"]
 
 
+def _api_routes(routes: list[Any], prefix: str = "") -> list[tuple[str, APIRoute]]:
+    """(full path, route) of every APIRoute, those of included routers too: FastAPI 0.165 keeps an
+    `include_router`'s routes behind one `_IncludedRouter` entry (sglang serves /v1/loads that way)."""
+    found = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            found.append((prefix + route.path, route))
+        elif hasattr(route, "original_router"):
+            context = getattr(route, "include_context", None)
+            found += _api_routes(route.original_router.routes, prefix + (getattr(context, "prefix", "") or ""))
+    return found
+
+
 def routes() -> dict[str, list[str]]:
     table: dict[str, set[str]] = {}
-    for route in http_server.app.routes:
-        if isinstance(route, APIRoute):
-            table.setdefault(route.path, set()).update(route.methods)
+    for path, route in _api_routes(http_server.app.routes):
+        table.setdefault(path, set()).update(route.methods)
     return {path: sorted(methods) for path, methods in table.items()}
 
 
 def _find_route(method: str, path: str) -> APIRoute | None:
-    for route in http_server.app.routes:
-        if isinstance(route, APIRoute) and route.path == path and method in route.methods:
+    for full, route in _api_routes(http_server.app.routes):
+        if full == path and method in route.methods:
             return route
     return None
 

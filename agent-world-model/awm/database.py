@@ -244,6 +244,17 @@ def _keyed_rows(conn: sqlite3.Connection, table: str) -> tuple[list[str], dict[t
     return cols, {tuple(r[:width]): tuple(r[width:]) for r in rows}
 
 
+def table_change(cols: list[str], before: dict[tuple, tuple], after: dict[tuple, tuple]) -> dict[str, Any] | None:
+    """One table's change between two keyed row sets (`_keyed_rows`): rows added, removed and changed, and the
+    columns that changed; None when nothing did."""
+    changed = [k for k in before.keys() & after.keys() if before[k] != after[k]]
+    columns = sorted({cols[i] for k in changed for i, (x, y) in enumerate(zip(before[k], after[k], strict=False))
+                      if x != y})
+    entry = {"added": len(after.keys() - before.keys()), "removed": len(before.keys() - after.keys()),
+             "changed": len(changed), "changed_columns": columns}
+    return entry if entry["added"] or entry["removed"] or entry["changed"] else None
+
+
 def diff_databases(before: str | os.PathLike[str], after: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """What changed between two DBs, per table: rows added/removed/changed and which columns.
 
@@ -261,12 +272,8 @@ def diff_databases(before: str | os.PathLike[str], after: str | os.PathLike[str]
                 continue
             cols, ra = _keyed_rows(a, name)
             _, rb = _keyed_rows(b, name)
-            changed = [k for k in ra.keys() & rb.keys() if ra[k] != rb[k]]
-            columns = sorted({cols[i] for k in changed for i, (x, y) in enumerate(zip(ra[k], rb[k], strict=False))
-                              if x != y})
-            entry = {"added": len(rb.keys() - ra.keys()), "removed": len(ra.keys() - rb.keys()),
-                     "changed": len(changed), "changed_columns": columns}
-            if entry["added"] or entry["removed"] or entry["changed"]:
+            entry = table_change(cols, ra, rb)
+            if entry is not None:
                 out[name] = entry
     finally:
         a.close()

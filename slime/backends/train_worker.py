@@ -74,6 +74,20 @@ def collective_timeout_minutes(args: argparse.Namespace, world: int) -> float:
     return minutes
 
 
+def same_node(url: str, node_ip: str) -> bool:
+    """Whether the engine at `url` runs on the node whose IP is `node_ip` (a loopback host does)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost" or host == node_ip:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def uses_fsdp(args: argparse.Namespace) -> bool:
     return getattr(args, "train_backend", "torch") == "fsdp"
 
@@ -125,24 +139,53 @@ class TrainWorker:
         return self.trainer.export_hf(out_dir, self._tokenizer, dtype=serving_dtype(self.args))
 
     def update_weights_tensor(self, engine_urls: list[str], tp_sizes: list[int], version: int, bucket_bytes: int,
-                              master_address: str) -> str:
-        """NCCL broadcast of the weights to SGLang engines (GPU only; see slime/weight_sync.py for what ran).
+                              master_address: str) -> dict[str, Any]:
+        """Tensor weight sync by `--update-weight-transport` (see slime/weight_sync.py for what ran where).
 
-        Rank 0 runs `TensorWeightSync("nccl")` (pause, flush, bucketed broadcast, continue); under
-        FSDP the other ranks iterate the same full tensors so that every all-gather has all ranks.
+        nccl: `TensorWeightSync("nccl")` broadcasts to every engine. tensor: handles to
+        `/update_weights_from_tensor` -- CUDA IPC for SGLang engines, shared memory for CPU engines --
+        for the engines on this node; those on other nodes (their URL's host is neither loopback nor
+        `master_address`, this node's IP) are left to the caller's disk sync, listed in `skipped`.
+        Tensors travel in the engines' serving dtype. Rank 0 sends; under FSDP the other ranks iterate
+        the same full tensors so that every all-gather has all ranks. Returns rank 0's account: the
+        sync's `stats()`, `engines` synced, `skipped` {url: why}, and `error` (None, or why the sync
+        failed: the engines it paused stay paused for the caller's disk fallback).
         """
         from slime.engine.base import EngineClient
         from slime.weight_sync import TensorWeightSync, trainer_hf_tensors
 
+        transport = getattr(self.args, "update_weight_transport", "nccl")
+        mode = "nccl" if transport == "nccl" else "ipc" if getattr(self.args, "engine_type", "cpu") == "sglang" else "shm"
         if self.rank != 0:
             if self.trainer.dp.fsdp:
                 for _ in trainer_hf_tensors(self.trainer):
                     pass
-            return str(version)
+            return {"version": str(version)}
+        skipped = {} if mode == "nccl" else {url: f"on another node than the trainer ({master_address})"
+                                            for url in engine_urls if not same_node(url, master_address)}
+        local = [(url, tp) for url, tp in zip(engine_urls, tp_sizes, strict=True) if url not in skipped]
+        if self._tensor_sync is not None and self._tensor_sync.mode != mode:
+            self.reset_tensor_sync()
         if self._tensor_sync is None:
-            self._tensor_sync = TensorWeightSync("nccl", bucket_bytes=bucket_bytes, engine_tp_sizes=tp_sizes,
-                                                 master_address=master_address)
-        return self._tensor_sync.sync(self.trainer, [EngineClient(url) for url in engine_urls], version)
+            self._tensor_sync = TensorWeightSync(mode, bucket_bytes=bucket_bytes, engine_tp_sizes=[tp for _, tp in local],
+                                                 master_address=master_address, dtype=serving_dtype(self.args),
+                                                 keep_paused_on_error=mode != "nccl")
+        sync = self._tensor_sync
+        sync.engine_tp_sizes = [tp for _, tp in local]
+        error = None
+        try:
+            if local:
+                sync.sync(self.trainer, [EngineClient(url) for url, _ in local], version)
+        except Exception as exc:  # noqa: BLE001 - reported to the pool, which falls back to disk
+            if mode == "nccl":
+                raise
+            error = f"{type(exc).__name__}: {exc}"
+            logger.error("tensor weight sync v%d failed: %s", version, error)
+        if self.trainer.dp.fsdp and not sync.iterated:  # the other ranks gather every tensor: take part
+            for _ in trainer_hf_tensors(self.trainer):
+                pass
+        return {"version": str(version), **sync.stats(), "engines": [url for url, _ in local], "skipped": skipped,
+                "error": error}
 
     def reset_tensor_sync(self) -> None:
         if self._tensor_sync is not None:

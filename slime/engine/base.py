@@ -30,6 +30,7 @@ CONTINUE_GENERATION = Route("POST", "/continue_generation")
 RELEASE_MEMORY = Route("POST", "/release_memory_occupation")
 RESUME_MEMORY = Route("POST", "/resume_memory_occupation")
 ABORT = Route("POST", "/abort_request")
+LOADS = Route("GET", "/v1/loads")  # requests running / waiting per DP rank: is an engine idle after an abort?
 UPDATE_WEIGHTS_FROM_TENSOR = Route("POST", "/update_weights_from_tensor")
 INIT_WEIGHTS_UPDATE_GROUP = Route("POST", "/init_weights_update_group")
 UPDATE_WEIGHTS_FROM_DISTRIBUTED = Route("POST", "/update_weights_from_distributed")
@@ -44,7 +45,7 @@ END_WEIGHT_UPDATE = Route("POST", "/end_weight_update")  # a begin ... end sessi
 ENGINE_ROUTES: tuple[Route, ...] = (
     GENERATE, HEALTH, HEALTH_GENERATE, FLUSH_CACHE, Route("GET", "/flush_cache"), MODEL_INFO,
     Route("GET", "/get_model_info"), SERVER_INFO, Route("GET", "/get_server_info"), UPDATE_WEIGHTS_FROM_DISK,
-    PAUSE_GENERATION, CONTINUE_GENERATION, RELEASE_MEMORY, RESUME_MEMORY, ABORT,
+    PAUSE_GENERATION, CONTINUE_GENERATION, RELEASE_MEMORY, RESUME_MEMORY, ABORT, LOADS,
     UPDATE_WEIGHTS_FROM_TENSOR, INIT_WEIGHTS_UPDATE_GROUP, UPDATE_WEIGHTS_FROM_DISTRIBUTED,
     DESTROY_WEIGHTS_UPDATE_GROUP, BEGIN_WEIGHT_UPDATE, END_WEIGHT_UPDATE,
 )
@@ -54,6 +55,9 @@ ENGINE_ROUTES: tuple[Route, ...] = (
 # then on loads tensors only inside it; 0.5.10 has neither and loads them at once. The conformance test
 # checks each entry both ways: served by the pinned versions at or after it, absent before it.
 ROUTES_SINCE: dict[Route, str] = {BEGIN_WEIGHT_UPDATE: "0.5.21", END_WEIGHT_UPDATE: "0.5.21"}
+
+
+CPU_ENGINE = "slime-cpu"  # the `engine` field of the CPU engine's /server_info (slime.engine.cpu_server)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -126,21 +130,32 @@ class RolloutEngine(abc.ABC):
             raise EngineError(f"{self.url}{MODEL_INFO.path} reports no weight_version: is it an SGLang server?")
         return str(info["weight_version"])
 
+    def server_info(self) -> dict[str, Any]:
+        """`GET /server_info`, asked once per engine object."""
+        info = getattr(self, "_server_info", None)
+        if info is None:
+            info = self._call(*SERVER_INFO).json()
+            if not isinstance(info, dict):
+                raise EngineError(f"{self.url}{SERVER_INFO.path} answered {info!r}, not an object")
+            self._server_info = info
+        return info
+
     def sglang_version(self) -> str:
         """The engine's sglang version: the `version` field of `GET /server_info`, which both pinned
         versions report (0.5.10 and 0.5.23); asked once per engine object."""
-        version = getattr(self, "_sglang_version", None)
-        if version is None:
-            info = self._call(*SERVER_INFO).json()
-            version = info.get("version") if isinstance(info, dict) else None
-            if not isinstance(version, str):
-                raise EngineError(f"{self.url}{SERVER_INFO.path} reports no sglang version: is it an SGLang server?")
-            self._sglang_version = version
+        version = self.server_info().get("version")
+        if not isinstance(version, str):
+            raise EngineError(f"{self.url}{SERVER_INFO.path} reports no sglang version: is it an SGLang server?")
         return version
 
     def serves(self, route: Route) -> bool:
-        """Whether this engine's sglang serves `route` (see ROUTES_SINCE; asks its version only for those)."""
-        return route not in ROUTES_SINCE or served_by(route, self.sglang_version())
+        """Whether this engine's sglang serves `route` (see ROUTES_SINCE; asks its version only for those).
+        The CPU engine (`engine: slime-cpu` in /server_info) serves none of ROUTES_SINCE."""
+        if route not in ROUTES_SINCE:
+            return True
+        if self.server_info().get("engine") == CPU_ENGINE:
+            return False
+        return served_by(route, self.sglang_version())
 
     def pause_generation(self) -> None:
         self._call(*PAUSE_GENERATION, {})

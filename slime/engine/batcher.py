@@ -13,7 +13,10 @@ spliced into the batch; a multi-turn rollout's next turn so skips re-reading the
 Memory release (SGLang's `release_memory_occupation`, for a trainer that shares the machine): the
 weights go to the meta device and the caches are dropped; requests are refused until the weights are
 resumed, which re-allocates them uninitialised (as SGLang does without a CPU backup): the trainer
-must send weights next.
+must send weights next (from disk, or as tensors: the buffers no update sends are kept).
+
+Weight updates: from a HF folder (`update_weights`), or from tensors a trainer shares
+(`update_weights_from_tensors`, one bucket of `/update_weights_from_tensor`), both on this thread.
 
 Log-probs: the log-prob of a sampled token is `log_softmax(logits / temperature)` over the full
 vocabulary, taken before top-k / top-p / min-p truncation (SGLang's default). Greedy requests
@@ -58,6 +61,9 @@ class ReleasedError(RuntimeError):
     """The engine's memory is released; the HTTP layer answers 503 with this message."""
 
 
+# What the CPU engine computes in: fp32 (the trainer's dtype: rollouts match its log-probs), or bf16 to serve
+# what SGLang engines serve (benchmarks/gpu_twin.py: weight syncs then move 2 bytes a parameter).
+ENGINE_DTYPES = ("float32", "bfloat16")
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's; the CPU engine has no CUDA graphs
 
 
@@ -147,9 +153,13 @@ class Batcher:
         max_batch_size: int = 64,
         batch_wait_s: float = 0.005,
         prefix_cache_tokens: int = 1 << 16,
+        dtype: str = "float32",
     ):
+        if dtype not in ENGINE_DTYPES:
+            raise ValueError(f"the CPU engine serves {' or '.join(ENGINE_DTYPES)}, not {dtype!r}")
         self.model_path = model_path
-        self.model = self._load(model_path)
+        self.dtype = getattr(torch, dtype)
+        self.model = self._load(model_path, self.dtype)
         self.tokenizer = tokenizer
         self.seed = seed
         self.max_batch_size = max_batch_size
@@ -170,6 +180,8 @@ class Batcher:
         self._stopping = False
         self._released: set[str] = set()  # memory tags released, see release_memory
         self._reallocated = False  # weights re-allocated uninitialised by resume_memory, buffers too
+        self._buffers: dict[str, torch.Tensor] = {}  # kept across a memory release (RoPE's inv_freq)
+        self._tensor_progress: tuple[str, set[str]] = ("", set())  # version, tensors received for it
         self.stats = {"decode_steps": 0, "max_running_reqs": 0, "generated_tokens": 0}
         # Running batch: requests, KV cache, attention mask (B, T), next position (B,), logits (B, V).
         self._active: list[_Request] = []
@@ -227,6 +239,14 @@ class Batcher:
         """Reload weights from a HF folder once the running batch drains (or is aborted)."""
         return self._command("update_weights", model_path=model_path, weight_version=weight_version,
                              abort_all=abort_all)
+
+    def update_weights_from_tensors(
+        self, named: list[tuple[str, torch.Tensor]], weight_version: str | None = None, abort_all: bool = False
+    ) -> concurrent.futures.Future:
+        """Copy `named` (HF parameter names; cast to the served dtype) into the served weights, all or
+        none, between steps (at once while paused); the future resolves to a message saying what the
+        engine now holds (`/update_weights_from_tensor`, one bucket of a sync)."""
+        return self._command("load_tensors", named=named, weight_version=weight_version, abort_all=abort_all)
 
     def flush_prefix_cache(self) -> concurrent.futures.Future:
         """Empty the prefix cache (in the batching thread, between steps)."""
@@ -348,6 +368,9 @@ class Batcher:
                 self._resume_memory(kwargs["tags"])
                 future.set_result(True)
                 return
+            if name == "load_tensors":
+                future.set_result(self._load_tensors(kwargs.pop("named"), kwargs["weight_version"]))
+                return
             if name != "update_weights":
                 raise ValueError(f"unknown engine command {name!r}")
             if "weights" in self._released:
@@ -356,7 +379,7 @@ class Batcher:
             # resume: to_empty left the buffers that no folder holds (RoPE's inv_freq) uninitialised.
             with _LOAD_LOCK:
                 in_place = not self._reallocated and load_in_place(self.model, kwargs["model_path"])
-            model = self.model if in_place else self._load(kwargs["model_path"])
+            model = self.model if in_place else self._load(kwargs["model_path"], self.dtype)
             if model.config.vocab_size != self.model.config.vocab_size:
                 raise ValueError(
                     f"{kwargs['model_path']} has vocab {model.config.vocab_size}, the served model "
@@ -372,11 +395,49 @@ class Batcher:
         except Exception as exc:
             future.set_exception(exc)
 
+    def _load_tensors(self, named: list[tuple[str, torch.Tensor]], weight_version: str | None) -> str:
+        """Check every tensor against the served model first (name, shape), then copy them all: a
+        refused bucket changes nothing. Each bucket's version counts as the engine's version (as in
+        SGLang); the message says how many of the model's tensors that version has received so far."""
+        if "weights" in self._released:
+            raise ReleasedError("the weights are released: resume_memory_occupation(['weights']) first")
+        served = self.model.state_dict()
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        unknown = [n for n, _ in named if n not in served]
+        if unknown:
+            raise ValueError(f"{len(unknown)} tensor name(s) are not parameters of the served model, e.g. "
+                             f"{unknown[:3]}; nothing of this bucket was loaded (the engine is unchanged)")
+        wrong = [f"{n} {list(t.shape)} (served {list(served[n].shape)})" for n, t in named if t.shape != served[n].shape]
+        if wrong:
+            raise ValueError(f"shape mismatch: {wrong[:3]}; nothing of this bucket was loaded (the engine is unchanged)")
+        copied = 0
+        try:
+            with torch.no_grad():
+                for name, tensor in named:
+                    served[name].copy_(tensor)  # cast to the served dtype
+                    copied += 1
+        except Exception as exc:
+            raise RuntimeError(f"copying {named[copied][0]} failed ({exc}): {copied} of this bucket's {len(named)} "
+                               f"tensors were loaded, the engine holds partly updated weights: send the whole "
+                               f"weights again or load them from disk") from exc
+        self.prefix_cache.clear()  # KV of the old weights
+        self._version_counter += 1
+        version = self.weight_version if weight_version is None else str(weight_version)
+        progress = self._tensor_progress if self._tensor_progress[0] == version else (version, set())
+        progress[1].update(name for name, _ in named)
+        self._tensor_progress = progress
+        self.weight_version = version
+        total = len(set(served) - tied)
+        return (f"Succeeded to update model weights from {len(named)} tensors (version {version}: "
+                f"{len(progress[1] & set(served))} of the model's {total} tensors received so far).")
+
     def _release_memory(self) -> None:
         with self._cond:
             busy = len(self._active) + len(self._pending)
         if busy:
             raise RuntimeError(f"{busy} requests are running or waiting: finish or abort them before releasing memory")
+        # Buffers no weight update sends (RoPE's inv_freq) are kept, so tensor updates can refill a resumed model.
+        self._buffers = {name: buf.clone() for name, buf in self.model.named_buffers()}
         self.model.to("meta")  # frees every weight; the module keeps its structure and config
         self.prefix_cache.clear()
         self._reset_batch()
@@ -389,6 +450,11 @@ class Batcher:
             raise ValueError(f"unknown memory tags {unknown}: use {list(MEMORY_TAGS)}")
         if "weights" in tags and "weights" in self._released:
             self.model.to_empty(device="cpu")
+            self.model.tie_weights()  # to_empty gave a tied head and embedding separate tensors: one again
+            with torch.no_grad():
+                for name, buf in self.model.named_buffers():
+                    if name in self._buffers:
+                        buf.copy_(self._buffers[name])
             self._reallocated = True
         with self._cond:
             self._released -= set(tags)
@@ -584,9 +650,9 @@ class Batcher:
         return frozenset(ids)
 
     @staticmethod
-    def _load(model_path: str) -> torch.nn.Module:
+    def _load(model_path: str, dtype: torch.dtype) -> torch.nn.Module:
         with _LOAD_LOCK:  # from_pretrained is not thread-safe: two engines in one process got meta tensors
-            return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+            return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
 
 
 def _truncates(params: SamplingParams) -> bool:

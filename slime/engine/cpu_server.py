@@ -10,14 +10,18 @@ SIGTERM / SIGINT (in-flight requests end with finish_reason abort). In-process (
 Batching, sampling and the log-prob definition live in `batcher.py`. Differences from SGLang: the
 prefix cache keeps whole finished sequences, not a radix tree of pages (`prefix_cache.py`;
 `/flush_cache` empties it when nothing runs and answers 503 otherwise, which `http_utils` retries),
-no streaming, `/pause_generation` always pauses in place, and `/release_memory_occupation` frees the
-weights and caches in host memory (generation answers 503 until `/resume_memory_occupation`).
+no streaming, `/pause_generation` always pauses in place, `/release_memory_occupation` frees the
+weights and caches in host memory (generation answers 503 until `/resume_memory_occupation`), and
+`/update_weights_from_tensor` takes shared-memory handles by file name (`load_format
+"flattened_bucket"`, `slime.engine.tensor_payload`) where SGLang takes CUDA IPC handles; it refuses
+(400) anything else the payload names.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import socket
@@ -33,7 +37,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from transformers import AutoTokenizer
 
-from slime.engine.base import EngineError, RolloutEngine
+from slime.engine import tensor_payload
+from slime.engine.base import CPU_ENGINE, EngineError, RolloutEngine
 from slime.engine.batcher import BadRequestError, Batcher, Completion, ReleasedError, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -78,6 +83,49 @@ def completion_json(
             for lp, tok in zip(completion.output_logprobs, completion.output_ids, strict=True)
         ]
     return {"text": text, "output_ids": completion.output_ids, "meta_info": meta}
+
+
+# Fields of UpdateWeightsFromTensorReqInput in the pinned sglangs (0.5.10 and 0.5.23); others are refused.
+TENSOR_REQUEST_FIELDS = {"serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests",
+                         "weight_version", "selector", "torch_empty_cache", "disable_draft_model"}
+MAX_TENSOR_BODY_BYTES = 4 * tensor_payload.MAX_PAYLOAD_CHARS
+
+
+async def _bounded_json(request: Request, limit: int) -> Any:
+    """The JSON body, read at most `limit` bytes far (a larger one is refused before it is all read)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise tensor_payload.PayloadError(f"the body has {declared} bytes, over the limit of {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise tensor_payload.PayloadError(f"the body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except ValueError as exc:
+        raise tensor_payload.PayloadError(f"the body is not JSON: {exc}") from exc
+
+
+def _tensor_request(body: Any) -> tuple[str, str | None, bool]:
+    """(this engine's serialized entry, weight_version, abort_all_requests) of an /update_weights_from_tensor body."""
+    if not isinstance(body, dict):
+        raise tensor_payload.PayloadError("the body must be a JSON object (sglang's UpdateWeightsFromTensorReqInput)")
+    unknown = sorted(set(body) - TENSOR_REQUEST_FIELDS)
+    if unknown:
+        raise tensor_payload.PayloadError(f"unknown fields {unknown}; UpdateWeightsFromTensorReqInput has "
+                                          f"{sorted(TENSOR_REQUEST_FIELDS)}")
+    entries = body.get("serialized_named_tensors")
+    if not isinstance(entries, list) or not entries:
+        raise tensor_payload.PayloadError("serialized_named_tensors must be a list with one base64 string per TP rank")
+    if body.get("load_format") != "flattened_bucket":
+        raise tensor_payload.PayloadError(f"load_format {body.get('load_format')!r} is not served by the CPU engine: "
+                                          "send load_format 'flattened_bucket'")
+    version = body.get("weight_version")
+    if version is not None and not isinstance(version, str | int):
+        raise tensor_payload.PayloadError("weight_version must be a string")
+    return entries[0], None if version is None else str(version), bool(body.get("abort_all_requests", False))
 
 
 def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
@@ -164,6 +212,29 @@ def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
         return JSONResponse({"success": True, "num_paused_requests": 0,
                              "message": f"Succeeded to update model weights (version {new_version})."})
 
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(request: Request) -> JSONResponse:
+        """SGLang's UpdateWeightsFromTensorReqInput with shared-memory handles (slime.engine.tensor_payload).
+        Any local process can reach this port: the body is read bounded and unpickled restrictively."""
+        def refused(message: str) -> JSONResponse:
+            return JSONResponse({"success": False, "message": f"Failed to update weights: {message}"}, status_code=400)
+
+        try:
+            body = await _bounded_json(request, MAX_TENSOR_BODY_BYTES)
+            text, version, abort_all = _tensor_request(body)
+            flat, metadata = await asyncio.to_thread(tensor_payload.decode, text)
+        except tensor_payload.PayloadError as exc:
+            return refused(str(exc))
+        try:
+            future = batcher.update_weights_from_tensors(tensor_payload.named_tensors(flat, metadata), version,
+                                                         abort_all=abort_all)
+            message = await asyncio.wrap_future(future)
+        except Exception as exc:  # reported in the body, as SGLang does; the message says the engine's state
+            return refused(f"{exc} (the engine serves weight version {batcher.weight_version})")
+        finally:
+            del flat, metadata  # unmaps the sender's shared memory before the reply lets it free it
+        return JSONResponse({"success": True, "message": message})
+
     @app.post("/release_memory_occupation")
     async def release_memory_occupation() -> JSONResponse:
         try:
@@ -192,11 +263,12 @@ def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
             "weight_version": batcher.weight_version,
         })
 
-    @app.get("/get_server_info")
+    @app.get("/server_info")
+    @app.get("/get_server_info")  # sglang serves both spellings
     async def get_server_info() -> JSONResponse:
         return JSONResponse({
             "model_path": batcher.model_path,
-            "engine": "slime-cpu",
+            "engine": CPU_ENGINE,  # no sglang `version`: RolloutEngine.serves knows the CPU engine's routes
             "max_running_requests": batcher.max_batch_size,
             "random_seed": batcher.seed,
             "weight_version": batcher.weight_version,
@@ -255,8 +327,10 @@ class CPUEngine(RolloutEngine):
         max_batch_size: int = 64,
         batch_wait_s: float = 0.005,
         prefix_cache_tokens: int = 1 << 16,
+        dtype: str = "float32",
     ):
         self.model_path = str(model_path)
+        self.dtype = dtype
         self.host, self.port = host, port
         self.seed, self.max_batch_size, self.batch_wait_s = seed, max_batch_size, batch_wait_s
         self.prefix_cache_tokens = prefix_cache_tokens
@@ -301,7 +375,7 @@ class CPUEngine(RolloutEngine):
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.batcher = Batcher(self.model_path, tokenizer=tokenizer, seed=self.seed,
                                max_batch_size=self.max_batch_size, batch_wait_s=self.batch_wait_s,
-                               prefix_cache_tokens=self.prefix_cache_tokens)
+                               prefix_cache_tokens=self.prefix_cache_tokens, dtype=self.dtype)
         app = build_app(self.batcher, tokenizer, self.model_path)
         # Bind first so that port 0 resolves to a real port before anyone is told the URL.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -326,6 +400,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--prefix-cache-tokens", type=int, default=1 << 16,
                         help="KV of finished requests kept for prompts that extend them (tokens; 0: off)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="what the model computes in (float32: the trainer's; bfloat16: what SGLang serves)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.num_threads:
@@ -334,7 +410,8 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))
     engine = CPUEngine(args.model_path, host=args.host, port=args.port, seed=args.seed,
-                       max_batch_size=args.max_batch_size, prefix_cache_tokens=args.prefix_cache_tokens)
+                       max_batch_size=args.max_batch_size, prefix_cache_tokens=args.prefix_cache_tokens,
+                       dtype=args.dtype)
     engine.serve_forever(on_started=lambda: print(f"cpu_server listening on {engine.url}", flush=True))
 
 if __name__ == "__main__":

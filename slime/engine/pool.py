@@ -8,11 +8,22 @@ syncs weights:
 
 - disk (`--update-weight-transport disk`, everywhere): the trainer exports HF safetensors, every
   engine loads them with `/update_weights_from_disk` (`update_weights` / `sync_weights`);
+- tensor (`--update-weight-transport tensor`): `sync_weights` asks the train actor to post its
+  weights bucket by bucket to every engine's `/update_weights_from_tensor` -- shared-memory handles
+  to CPU engines (run here in training runs: tests/slime/test_weight_sync_tensor.py), CUDA IPC
+  handles to colocated SGLang engines (payload checked against both sglangs' code on CPU; never run
+  on a GPU here). Engines on another node than the train actor load a disk export instead (logged),
+  and a failed tensor sync leaves its engines paused while every engine loads a disk export of the
+  same version (logged as WEIGHT SYNC FALLBACK, tested with a real engine and train worker), so no
+  engine generates on half-updated weights;
 - nccl (`--update-weight-transport nccl`, SGLang engines on GPUs of their own; refused with
   --colocate): `sync_weights` asks the train actor to broadcast its weights bucket by bucket
   (`TensorWeightSync`, checked over gloo against sglang's own receiving code; never run against a
-  live SGLang server here); an engine restarted later gets a disk export of the current weights
-  and the trainer re-forms its NCCL group.
+  live SGLang server here).
+
+Under tensor and nccl an engine restarted later gets a disk export of the current weights (and the
+trainer re-forms its NCCL group). `last_sync` holds what the last sync moved (transport, bytes_sent,
+parameters, bytes_per_parameter, seconds; fallback details when there was one).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import ray
 
+from slime.arguments import serving_dtype
 from slime.engine.base import EngineError
 
 if TYPE_CHECKING:
@@ -55,7 +67,7 @@ class EngineActor:
     """One CPU engine serving SGLang's HTTP API from this actor's process."""
 
     def __init__(self, model_path: str, port: int, seed: int, max_batch_size: int, prefix_cache_tokens: int,
-                 on_node_ip: bool = False):
+                 on_node_ip: bool = False, dtype: str = "float32"):
         """on_node_ip: listen on this node's IP, not loopback: the driver may run on another node (--ray-address)."""
         import torch
 
@@ -65,7 +77,7 @@ class EngineActor:
         torch.set_num_threads(max(os.cpu_count() or 1, 1))
         host = ray.util.get_node_ip_address() if on_node_ip else "127.0.0.1"
         self.engine = CPUEngine(model_path, host=host, port=port, seed=seed, max_batch_size=max_batch_size,
-                                prefix_cache_tokens=prefix_cache_tokens)
+                                prefix_cache_tokens=prefix_cache_tokens, dtype=dtype)
 
     def start(self) -> dict[str, Any]:
         url = self.engine.start()
@@ -102,7 +114,8 @@ class EnginePool:
         self.weight_version = "0"
         self.restarts = 0
         self.router: Any = None
-        self._trainer: Any = None  # the train actor, once weights were synced over NCCL
+        self._trainer: Any = None  # the train actor, once weights were synced from its memory (nccl, tensor)
+        self.last_sync: dict[str, Any] = {}  # what the last weight sync moved (see sync_weights)
         self._weights_root = ""
         self._path_version = "0"  # the weight version stored at weights_path
         self._info: dict[int, dict[str, Any]] = {}
@@ -150,7 +163,8 @@ class EnginePool:
             log_dir = str(Path(a.save) / "logs") if getattr(a, "save", None) else None
             return SGLangEngineActor.options(**opts).remote(a, self.weights_path, port, i, self._gpu_ids[i], log_dir)
         return EngineActor.options(**opts).remote(self.weights_path, port, a.engine_seed + i, a.engine_max_batch_size,
-                                                  a.engine_prefix_cache_tokens, bool(getattr(a, "ray_address", None)))
+                                                  a.engine_prefix_cache_tokens, bool(getattr(a, "ray_address", None)),
+                                                  serving_dtype(a))
 
     async def _start_one(self, i: int) -> None:
         for port in dict.fromkeys((self.ports[i], 0)):  # old port first, so HTTP retries reconnect
@@ -243,7 +257,7 @@ class EnginePool:
             return len(dead)
 
     async def _restore_latest_weights(self) -> None:
-        """NCCL transport: the newest weights exist only in the trainer; export them for the restart."""
+        """nccl / tensor transports: the newest weights exist only in the trainer; export them for the restart."""
         if self._trainer is None or self._path_version == self.weight_version:
             return
         self.weights_path = await self._trainer.export.remote(
@@ -275,21 +289,55 @@ class EnginePool:
     async def sync_weights(self, trainer: Any, version: int, out_dir: str) -> str:
         """Make every engine serve the train actor's weights as `version`, by `--update-weight-transport`.
 
-        disk: export to `out_dir` and load it (returns the folder). nccl: broadcast from the trainer
-        (returns ""; `out_dir`'s parent is kept for exports that restarted engines need).
+        disk: export to `out_dir` and load it (returns the folder). nccl / tensor: from the trainer's
+        memory (returns ""; `out_dir`'s parent is kept for exports that restarted engines need). The
+        tensor transport loads engines on other nodes from disk, and when it fails, loads every engine
+        from disk while they are still paused (returns the folder then): no engine serves half-updated
+        weights. `last_sync` records what moved (transport, bytes_sent, parameters, seconds, ...).
         """
-        if getattr(self.args, "update_weight_transport", "disk") != "nccl":
+        transport = getattr(self.args, "update_weight_transport", "disk")
+        if transport == "disk":
+            started = asyncio.get_running_loop().time()
             path = await trainer.export.remote(out_dir)
             await self.update_weights(path, str(version))
+            from slime.weight_sync import safetensors_size
+
+            size, count = safetensors_size(path)
+            self.last_sync = {"version": str(version), "transport": "disk", "bytes_sent": size, "parameters": count,
+                              "bytes_per_parameter": size / count if count else 0.0,
+                              "seconds": asyncio.get_running_loop().time() - started}
             return path
         async with self._lock:
             self._trainer, self._weights_root = trainer, str(Path(out_dir).parent)
             tp = self.args.rollout_num_gpus_per_engine
-            await trainer.update_weights_tensor.remote(
-                [self._info[i]["url"] for i in range(len(self.handles))], [tp] * len(self.handles), version,
-                self.args.update_weight_buffer_size)
+            urls = [self._info[i]["url"] for i in range(len(self.handles))]
+            result = await trainer.update_weights_tensor.remote(urls, [tp] * len(self.handles), version,
+                                                                self.args.update_weight_buffer_size)
+            result = result if isinstance(result, dict) else {"version": str(version)}
+            self.last_sync = result
+            skipped, error = result.get("skipped") or {}, result.get("error")
+            redo = list(range(len(urls))) if error else [i for i, url in enumerate(urls) if url in skipped]
+            if not redo:
+                self.weight_version = str(version)
+                return ""
+            if error:
+                logger.error("WEIGHT SYNC FALLBACK: the %s sync of weights v%d failed (%s); loading them from disk "
+                             "into every engine before they generate again", result.get("transport"), version, error)
+            for url, why in skipped.items():
+                logger.warning("engine %s gets weights v%d from disk: %s (no shared memory with the trainer)",
+                               url, version, why)
+            try:
+                path = await trainer.export.remote(out_dir)
+                self.weights_path, self._path_version = path, str(version)
+                await asyncio.gather(*(self.handles[i].update_weights_from_disk.remote(path, str(version))
+                                       for i in redo))
+            finally:
+                if error:  # the failed sync left its engines paused
+                    await self._post_each([urls[i] for i in redo if urls[i] not in skipped], "/continue_generation",
+                                          {})
             self.weight_version = str(version)
-        return ""
+            self.last_sync = {**result, "fallback": "disk", "fallback_engines": [urls[i] for i in redo]}
+            return path
 
     async def release_memory(self) -> None:
         """Colocated GPUs (--offload-rollout): every engine frees its weights, KV cache and CUDA graphs
@@ -303,8 +351,11 @@ class EnginePool:
     async def _post_all(self, path: str, body: dict[str, Any]) -> None:
         urls = [self._info[i]["url"] for i in range(len(self.handles))]
         async with self._lock:
-            replies = await asyncio.gather(*(self._http.post(f"{url}{path}", json=body, timeout=300.0) for url in urls),
-                                           return_exceptions=True)
+            await self._post_each(urls, path, body)
+
+    async def _post_each(self, urls: list[str], path: str, body: dict[str, Any]) -> None:
+        replies = await asyncio.gather(*(self._http.post(f"{url}{path}", json=body, timeout=300.0) for url in urls),
+                                       return_exceptions=True)
         errors = [f"{url}: {r!r}" if isinstance(r, BaseException) else f"{url}: {r.status_code} {r.text}"
                   for url, r in zip(urls, replies, strict=True)
                   if isinstance(r, BaseException) or r.status_code != 200]

@@ -57,7 +57,8 @@ def test_gpu_profiles_pick_the_trainer_setting_measured_to_fit(gpus):
     args = build_parser().parse_args(cmd[3:])
     finalize_args(args)
     assert (args.train_backend, args.bf16, args.recompute_granularity) == ("fsdp", True, "full")
-    assert args.update_weight_transport == "disk" and args.tensor_model_parallel_size == 1
+    # colocated (the GPU profiles' default): weights by CUDA-IPC handles, never through disk (issue 36)
+    assert args.colocate and args.update_weight_transport == "tensor" and args.tensor_model_parallel_size == 1
     megatron = C.resolve(None, env={"TRAIN_BACKEND": "megatron"}, gpus=C.parse_nvidia_smi(gpus))
     assert any("--bf16 is implemented by --train-backend fsdp only" in p
                for p in check_against_slime(slime_command(megatron, "/tmp/rt.yaml")))

@@ -209,7 +209,7 @@ def weight_sync_requests(monkeypatch: pytest.MonkeyPatch, version: str) -> list[
 
 # Body-less GETs sent from places a CPU test cannot drive to the wire: SGLangEngine's start-up poll
 # and the router relaying a client's GET (it forwards the client's method and path as they came).
-BODILESS_GETS = [base.HEALTH_GENERATE, Route("GET", "/flush_cache"), Route("GET", "/get_model_info"),
+BODILESS_GETS = [base.HEALTH_GENERATE, base.LOADS, Route("GET", "/flush_cache"), Route("GET", "/get_model_info"),
                  Route("GET", "/get_server_info")]
 
 

@@ -12,10 +12,12 @@ model is recorded instead of done.
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from sglang_real import GPU_SETS, pinned, sglang_env, sglang_id
@@ -204,3 +206,154 @@ def test_a_tensor_bucket_is_rebuilt_by_sglangs_own_code(gpu_set):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "rebuilt 3"
+
+
+# ---- the tensor transport's host-memory payload (issue 36) ------------------------------------------
+
+SGLANG_RECEIVES = """
+import json, sys, torch
+from types import SimpleNamespace
+from sglang.srt.utils import MultiprocessingSerializer
+
+body = json.loads(sys.stdin.readline())
+
+
+class Model(torch.nn.Module):  # the GPU model's load step, recorded
+    def __init__(self):
+        super().__init__()
+        self.loaded = []
+
+    def load_weights(self, named):
+        self.loaded += [(name, tensor.clone()) for name, tensor in named]
+
+
+model = Model()
+payload = MultiprocessingSerializer.deserialize(body["serialized_named_tensors"][0])  # its SafeUnpickler
+try:  # sglang 0.5.21+: the model runner's WeightUpdater
+    from sglang.srt.model_executor.model_runner_components import weight_updater as wu
+except ImportError:  # sglang 0.5.10: ModelRunner's own methods
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    class Runner:
+        update_weights_from_tensor = ModelRunner.update_weights_from_tensor
+        _update_weights_from_flattened_bucket = ModelRunner._update_weights_from_flattened_bucket
+        model = model
+
+    ok, message = Runner().update_weights_from_tensor(named_tensors=payload, load_format=body["load_format"])
+else:
+    wu.get_model = lambda: SimpleNamespace(weight_cache_mode="off")  # the server's args: no weight cache
+    updater = wu.WeightUpdater(tp_rank=0, device="cpu", gpu_id=0, model_config=None, custom_weight_loaders={},
+                               get_model=lambda: model, update_model_fields=lambda *a, **k: None,
+                               recapture_cuda_graph=lambda: None, get_model_runner=lambda: None)
+    ok, message = updater.update_weights_from_tensor(named_tensors=payload, load_format=body["load_format"])
+torch.save({"ok": ok, "message": message, "loaded": model.loaded, "metadata_class": type(payload["metadata"][0]).__module__},
+           sys.argv[1])
+print("received", len(model.loaded), flush=True)
+"""
+
+
+class SglangProcessEngine(EngineClient):
+    """An engine whose `/update_weights_from_tensor` is sglang's own receiving code, run in a subprocess
+    while the sender holds the bucket (the reply returns once sglang has copied it, as a server's does)."""
+
+    def __init__(self, gpu_set: str, out_dir: Path):
+        super().__init__("sglang-subprocess://receiver")
+        self.gpu_set, self.out_dir, self.bodies, self.records = gpu_set, out_dir, [], []
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> httpx.Response:
+        assert (method, path) == ("POST", "/update_weights_from_tensor"), path
+        self.bodies.append(body)
+        out = self.out_dir / f"received{len(self.bodies)}.pt"
+        done = subprocess.run([sys.executable, "-c", SGLANG_RECEIVES, str(out)], input=json.dumps(body) + "\n",
+                              cwd=ROOT, env=sglang_env(self.gpu_set), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        self.records.append(torch.load(out))
+        return httpx.Response(200, json={"success": True, "message": self.records[-1]["message"]})
+
+
+def test_our_shared_memory_buckets_are_read_by_sglangs_own_code(sglang, trainer, tmp_path):
+    """The body the tensor transport posts builds sglang's UpdateWeightsFromTensorReqInput (the oracle),
+    and sglang's own MultiprocessingSerializer.deserialize (its SafeUnpickler, which admits sglang's
+    FlattenedTensorMetadata by name: our metadata pickles as it) and its flattened-bucket receiving code
+    rebuild every bf16 tensor bit-exact from the shared memory; nothing stays in /dev/shm after."""
+    import glob
+    import os
+
+    from slime.weight_sync import bucket_named_tensors, trainer_hf_tensors
+
+    own_shm = lambda: set(glob.glob(f"/dev/shm/torch_{os.getpid()}_*"))  # noqa: E731
+    before = own_shm()
+    engine = SglangProcessEngine(sglang.gpu_set, tmp_path)
+    sync = TensorWeightSync("shm", dtype="bfloat16")
+    buckets = bucket_named_tensors(trainer_hf_tensors(trainer), 1 << 30, itemsize=2)  # one bucket: one sglang run
+    sync._send_handles(buckets, [engine], version=4)
+    (body,) = engine.bodies
+    assert sglang.check_request("POST", "/update_weights_from_tensor", body) == []  # its route and struct
+    assert body["load_format"] == "flattened_bucket" and body["weight_version"] == "4"
+    (record,) = engine.records
+    assert record["ok"] is True and record["metadata_class"] == "sglang.srt.weight_sync.tensor_bucket"
+    expected = list(trainer_hf_tensors(trainer))
+    assert [name for name, _ in record["loaded"]] == [name for name, _ in expected]
+    for (name, got), (_, want) in zip(record["loaded"], expected, strict=True):
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want.to(torch.bfloat16)), name
+    assert sync.bytes_sent == 2 * sync.parameters == 2 * sum(t.numel() for _, t in expected)
+    assert own_shm() == before
+
+
+SGLANG_SENDS = """
+import json, sys, httpx, torch
+import torch.multiprocessing as mp
+from sglang.srt.utils import MultiprocessingSerializer
+from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+url, spec = sys.argv[1], json.loads(sys.argv[2])
+generator = torch.Generator().manual_seed(0)
+named = [(name, torch.randn(shape, generator=generator).to(torch.bfloat16)) for name, shape in spec]
+replies = {}
+for strategy in ("file_descriptor", "file_system"):  # torch's default on Linux, then shared memory by name
+    mp.set_sharing_strategy(strategy)
+    bucket = FlattenedTensorBucket(named_tensors=named)
+    serialized = MultiprocessingSerializer.serialize(
+        {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}, output_str=True)
+    body = {"serialized_named_tensors": [serialized], "load_format": "flattened_bucket", "flush_cache": True,
+            "weight_version": "sglang-" + strategy}
+    reply = httpx.post(url + "/update_weights_from_tensor", json=body, timeout=60)
+    replies[strategy] = [reply.status_code, reply.json()]
+torch.save(named, sys.argv[3])
+print(json.dumps(replies), flush=True)
+import os
+os._exit(0)  # the descriptor handle's resource_sharer thread would keep the interpreter from exiting
+"""
+
+
+@pytest.mark.parametrize("gpu_set", GPU_SETS, ids=[sglang_id(s) for s in GPU_SETS])
+def test_the_cpu_engine_loads_a_bucket_sglangs_serializer_made(gpu_set, tmp_path):
+    """sglang's own FlattenedTensorBucket and MultiprocessingSerializer, in sglang's process: with
+    shared memory by name the CPU engine loads the bucket (cast to its fp32) and reports the version;
+    with torch's default descriptor passing it refuses, saying why, and keeps its weights."""
+    from slime.engine.cpu_server import CPUEngine
+
+    model = build_tiny_model(tmp_path / "tiny", seed=0)
+    engine = CPUEngine(model, port=0)
+    engine.start()
+    try:
+        served = engine.batcher.model.state_dict()
+        spec = [(name, list(served[name].shape)) for name in ("model.norm.weight", "model.layers.0.mlp.up_proj.weight")]
+        out, log = tmp_path / "sent.pt", tmp_path / "sender.log"
+        # Output to a file, not a pipe: the sender's torch_shm_manager inherits it and lives on while the
+        # engine (its client) does, so a pipe would not reach EOF.
+        with open(log, "w") as f:
+            done = subprocess.run([sys.executable, "-c", SGLANG_SENDS, engine.url, json.dumps(spec), str(out)],
+                                  cwd=ROOT, env=sglang_env(gpu_set), stdout=f, stderr=subprocess.STDOUT, timeout=120)
+        assert done.returncode == 0, log.read_text()[-3000:]
+        replies = json.loads(log.read_text().strip().splitlines()[-1])
+        status, reply = replies["file_descriptor"]
+        assert status == 400 and "file-descriptor handles" in reply["message"], reply
+        status, reply = replies["file_system"]
+        assert status == 200 and reply["success"] is True, reply
+        assert engine.weight_version() == "sglang-file_system"
+        served = engine.batcher.model.state_dict()
+        for name, tensor in torch.load(out):
+            assert torch.equal(served[name], tensor.float()), name
+    finally:
+        engine.shutdown()
