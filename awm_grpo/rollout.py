@@ -46,11 +46,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from awm_grpo import protocol
+from awm_grpo import drift_check, protocol
 from awm_grpo.chat import ChatEncoder
 from awm_grpo.env_client import EnvConfig, EnvInfraError, EnvSession, ToolResult, open_env
 from awm_grpo.traces import write_trace
-from slime.rollout.sglang_rollout import GenerateState, get_model_url
+from slime.rollout.sglang_rollout import GenerateState, count_generate_request, get_model_url
 from slime.utils.fd_limit import raise_open_file_limit
 from slime.utils.http_utils import post
 from slime.utils.types import Sample
@@ -77,6 +77,7 @@ class RolloutConfig:
     predicates: str | None = None  # predicates JSONL: per-turn progress (awm_grpo.recovery.progress)
     judge: Any = None  # awm_grpo.recovery.judge.JudgeConfig: B2+'s per-call helpfulness scores (awm_judge_url)
     history_window_turns: int | None = None  # B1's sliding window: the engine sees the last K turns (module doc)
+    drift_workers: int = 0  # processes for the end-of-episode drift check (awm_grpo.drift_check); 0: in the driver
 
     def __post_init__(self) -> None:
         if self.predicates and self.env.transport != "inprocess":
@@ -89,6 +90,8 @@ class RolloutConfig:
         if self.history_window_turns is not None and self.history_window_turns < 1:
             raise ValueError(f"awm_history_window_turns {self.history_window_turns}: use >= 1, or null for the "
                              "full history")
+        if self.drift_workers < 0:
+            raise ValueError(f"awm_drift_workers {self.drift_workers}: use 0 (the driver checks) or more processes")
         if self.max_turns < 1 or self.max_repeated_calls < 1:
             raise ValueError("awm_max_turns and awm_max_repeated_calls must be >= 1")
         if self.turn_schedule is not None:
@@ -120,7 +123,8 @@ class RolloutConfig:
                   max_repeated_calls=int(get("max_repeated_calls", 3)),
                   enable_thinking=bool(get("enable_thinking", False)), trace_dir=get("trace_dir", None),
                   predicates=get("predicates", None), judge=_judge_config(args),
-                  history_window_turns=get("history_window_turns", None))
+                  history_window_turns=get("history_window_turns", None),
+                  drift_workers=int(get("drift_workers", 0)))
         if cfg.history_window_turns is not None and get("credit_method", None) != "b1":
             raise ValueError("awm_history_window_turns (B1's sliding window) needs awm_credit_method b1: a windowed "
                              "episode is several samples, and only awm_grpo.recovery.advantages gives them one "
@@ -268,6 +272,7 @@ def engine_policy(args: argparse.Namespace, sample: Sample) -> Policy:
     url = f"{get_model_url(args, sample)}/generate"
 
     async def turn(input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
+        count_generate_request(args)
         return await post(url, {"input_ids": input_ids, "sampling_params": params, "return_logprob": True})
 
     return turn
@@ -452,7 +457,8 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
         open_turn = True
     if sample.status == Sample.Status.PENDING:
         sample.status = Sample.Status.COMPLETED
-    drift = encoder.drift(sample.tokens, episode.messages, open_turn=open_turn, pieces=pieces)
+    drift = await drift_check.drift(encoder, cfg.drift_workers, sample.tokens, episode.messages, open_turn=open_turn,
+                                    pieces=pieces)
     episode.drift_tokens = drift.mismatched_tokens
     if turns.progress is not None:
         episode.recovery = await asyncio.to_thread(turns.progress.finish, episode.turns)

@@ -49,8 +49,9 @@ DECODE_MS_PER_TOKEN = {"h100": 18.0, "h200": 24.0}
 TRAIN_TOKENS_PER_S = {"h100": 6000.0, "h200": 7400.0}
 PASSES = 1.5
 QWEN3_4B_PARAMS = 4_022_468_096  # tied head counted once (docs/gpu.md, Checkpoints and disk)
-# Device-to-device copy rates seen on the lent machines (docs/gpu.md): a CUDA-IPC sync is one such copy.
-D2D_BYTES_PER_S = {"h100": 3.0e12, "h200": 4.3e12}
+# The colocated sync of Qwen3-4B measured on the lent H200 (tests/gpu/device_check.py tensor_sync, 2026-11-28):
+# 8.045 GB of bf16 by CUDA IPC in 16 posts into another process, with pause, flush and the version check.
+DEVICE_SYNC_S, DEVICE_SYNC_FIRST_S = 0.111, 0.346
 SAVE_BYTES_PER_S = 0.57e9  # one rank writing a checkpoint on the lent H200 (docs/gpu.md, the device check)
 
 
@@ -132,6 +133,7 @@ class Measured:
     sync_bytes = sync_parameters = syncs = 0
     transport = ""
     played = trained = aborted = filtered = filtered_episodes = 0
+    requests = 0  # /generate requests posted: model turns, aborted episodes' included
     train_tokens = 0
     tokens: list[int] = []
     texts: list[str] = []
@@ -175,6 +177,7 @@ def twin_run_class(stack_options: dict[str, Any]) -> type:
             Measured.aborted += int(m.get("rollout/episodes_aborted", 0))
             Measured.filtered += int(m.get("rollout/groups_filtered", 0))
             Measured.filtered_episodes += int(m.get("rollout/episodes_filtered", 0))
+            Measured.requests += int(m.get("rollout/generate_requests", 0))
             Measured.trained += len(batch.samples)
             lengths = [len(s.tokens) for s in batch.samples]
             if not Measured.texts:
@@ -266,6 +269,7 @@ def run_twin(opts: argparse.Namespace, scale: int, work: Path) -> dict[str, Any]
         "steps": opts.steps, "n_samples": cfg["training.n_samples_per_prompt"], "played": Measured.played,
         "trained": Measured.trained, "aborted": Measured.aborted,
         "filtered": Measured.filtered, "filtered_episodes": Measured.filtered_episodes,
+        "requests": Measured.requests,
         "driver_cpu_s": Measured.driver_cpu_s, "step_cpu_s": Measured.step_cpu_s,
         "rollout_s": Measured.rollout_s,
         "sync_s": Measured.sync_s, "sync_bytes": Measured.sync_bytes / max(Measured.syncs, 1),
@@ -315,11 +319,16 @@ def print_report(opts: argparse.Namespace, scale: int, r: dict[str, Any]) -> Non
     print(f"played per trained episode: {r['played'] / r['trained']:.3f}")
     print(f"weight sync bytes per parameter: {r['sync_bytes'] / r['params']:.3f} (transport {r['transport']})")
     print(f"checkpoint bytes kept / one save: {r['ckpt_kept'] / r['ckpt_one']:.2f}")
-    print(f"rollout driver CPU per episode: {r['driver_cpu_s'] * 1000 / r['played']:.1f} ms")
-    print(f"  the rollout function's CPU in this process per episode played to its end; "
-          f"{r['driver_cpu_s'] * 1000 / (r['played'] + r['aborted']):.1f} ms per episode started (aborted ones "
-          f"included); the whole generate phase (+ trace writing, advantages): "
-          f"{r['step_cpu_s'] * 1000 / r['played']:.1f} ms per episode played")
+    per_turn_ms = r["driver_cpu_s"] * 1000 / max(r["requests"], 1)
+    print(f"rollout driver CPU per episode: {per_turn_ms * r['turns_mean']:.1f} ms")
+    print(f"  the rollout function's CPU in this process ({r['driver_cpu_s']:.1f} s) per model turn it posted "
+          f"({r['requests']}, aborted episodes' turns included: {per_turn_ms:.2f} ms) x {r['turns_mean']:.1f} turns an "
+          f"episode; divided by the episodes played to their end instead (aborted ones' work on top): "
+          f"{r['driver_cpu_s'] * 1000 / r['played']:.1f} ms; the whole generate phase (+ trace writing, advantages) "
+          f"per turn x turns: {r['step_cpu_s'] * 1000 / max(r['requests'], 1) * r['turns_mean']:.1f} ms")
+    print(f"  model turns generated per trained episode's turns: {r['requests'] / (r['trained'] * r['turns_mean']):.2f} "
+          f"({r['requests']} turns posted, aborted episodes' included, for {r['trained']} trained episodes of "
+          f"{r['turns_mean']:.1f}): the engines' work, which episodes played to their end understate")
     trained_groups = r["trained"] // r["n_samples"]
     print(f"  of the played: {r['trained']} trained, {r['filtered_episodes']} in groups the dynamic filter dropped "
           f"({r['filtered']} of {trained_groups + r['filtered']} finished groups), "
@@ -336,7 +345,6 @@ def print_report(opts: argparse.Namespace, scale: int, r: dict[str, Any]) -> Non
     train_tokens = r["train_tokens"] / n * scale
     train_s = train_tokens * PASSES / (TRAIN_TOKENS_PER_S[opts.profile] * gpus)
     sync_bytes_4b = r["sync_bytes"] / r["params"] * QWEN3_4B_PARAMS
-    buckets = -(-int(sync_bytes_4b) // (512 * 2**20))
     per_post = r["sync_s"] / max(r["syncs"], 1)
     save_bytes_4b = 14 * QWEN3_4B_PARAMS  # bf16 model/ + fp32 master + AdamW moments (docs/gpu.md)
     rows = [
@@ -346,11 +354,12 @@ def print_report(opts: argparse.Namespace, scale: int, r: dict[str, Any]) -> Non
          "measured (twin: bundled verifiers, sandboxed)"),
         ("train", f"{train_s:.0f} s", f"arithmetic: {train_tokens / 1e6:.2f} M tokens (measured) x {PASSES} passes / "
          f"({TRAIN_TOKENS_PER_S[opts.profile]:.0f} tokens/s x {gpus} GPUs)"),
-        ("sync", f"{buckets * per_post + sync_bytes_4b / D2D_BYTES_PER_S[opts.profile]:.1f} s",
-         f"arithmetic: {sync_bytes_4b / 1e9:.1f} GB (bytes a parameter measured) in {buckets} buckets of 512 MiB, "
-         f"each costing the twin's measured {per_post * 1000:.0f} ms a sync (pause, flush, post, version check; "
-         f"{r['params'] / 1e6:.1f} M parameters in one bucket over {r['transport']}), plus the copy at "
-         f"{D2D_BYTES_PER_S[opts.profile] / 1e12:.1f} TB/s"),
+        ("sync", f"{DEVICE_SYNC_S:.2f} s + SGLang's loader",
+         f"measured on the lent H200 (tests/gpu/device_check.py tensor_sync, 2026-11-28): Qwen3-4B's "
+         f"{sync_bytes_4b / 1e9:.1f} GB (the {r['sync_bytes'] / r['params']:.2f} bytes a parameter measured here) by "
+         f"CUDA IPC in buckets of 512 MiB (16 posts) into an engine process that copies them ({DEVICE_SYNC_FIRST_S:.2f} s "
+         f"the first time); SGLang's own weight loader, not on that machine, comes on top; here, over "
+         f"{r['transport']}: {per_post * 1000:.0f} ms a sync of {r['params'] / 1e6:.1f} M parameters"),
         ("save", f"{save_bytes_4b / SAVE_BYTES_PER_S / 10:.0f} s a step ({save_bytes_4b / 1e9:.1f} GB every 10)",
          f"arithmetic: {SAVE_BYTES_PER_S / 1e9:.2f} GB/s one rank (measured on the lent H200)"),
     ]

@@ -61,7 +61,8 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
 - ours: --engine-type (cpu; sglang launches real SGLang servers, GPU only, UNTESTED here),
   --rollout-router (none: rollouts spread groups over the engines themselves; slime: our router in
   front, slime/engine/router.py; sglang: sglang_router's launch_router, tested on CPU), --router-policy,
-  --ray-address, --ray-num-cpus, --engine-max-batch-size, --engine-seed, --engine-prefix-cache-tokens
+  --ray-address, --ray-num-cpus, --engine-max-batch-size, --engine-seed, --engine-prefix-cache-tokens,
+  --over-sampling-policy (eager: slime's; adaptive: only what the filter's pass rate says the batch lacks)
 
 Not implemented: --data-source-path, --buffer-filter-path (the buffer uses `pop_first`), sample
 filters, sample hooks, --rm-type built-ins, --partial-rollout, --kl-coef (KL in the reward: use
@@ -179,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-batch-size", type=int, required=True, help="prompts (groups) per step")
     g.add_argument("--n-samples-per-prompt", type=int, default=1)
     g.add_argument("--over-sampling-batch-size", type=int, default=None)
+    g.add_argument("--over-sampling-policy", default="eager", choices=["eager", "adaptive"],
+                   help="ours: eager (slime's): pull --over-sampling-batch-size prompts whenever the groups kept and "
+                        "in flight cannot make the batch; adaptive: pull only the groups the batch lacks at the "
+                        "dynamic filter's pass rate of the previous step (+1), at most --over-sampling-batch-size "
+                        "at a time: fewer episodes played and aborted for the same batch")
     g.add_argument("--rollout-temperature", type=float, default=1.0)
     g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--rollout-top-k", type=int, default=-1)

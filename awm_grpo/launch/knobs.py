@@ -96,7 +96,11 @@ KNOBS: tuple[Knob, ...] = (
     K("training.rollout_batch_size", "ROLLOUT_BATCH_SIZE", "int", "--rollout-batch-size", "prompts per step"),
     K("training.n_samples_per_prompt", "N_SAMPLES_PER_PROMPT", "int", "--n-samples-per-prompt", "GRPO group size"),
     K("training.over_sampling_batch_size", "OVER_SAMPLING_BATCH_SIZE", "int", "--over-sampling-batch-size",
-      "prompts generated per round before the dynamic filter"),
+      "prompts generated per round before the dynamic filter (adaptive: at most this many at a time)"),
+    K("training.over_sampling_policy", "OVER_SAMPLING_POLICY", "str", "--over-sampling-policy",
+      "eager (slime's: a whole over-sampling batch whenever the batch cannot be made) | adaptive (only the groups "
+      "the batch lacks at the dynamic filter's pass rate, +1: fewer episodes played and aborted)",
+      choices=("eager", "adaptive")),
     K("training.global_batch_size", "GLOBAL_BATCH_SIZE", "int", "--num-steps-per-rollout",
       "samples per optimizer step; passed as steps = batch x n / global"),
     K("training.max_tokens_per_gpu", "MAX_TOKENS_PER_GPU", "int", "--max-tokens-per-gpu", "tokens per micro-batch"),
@@ -192,6 +196,9 @@ KNOBS: tuple[Knob, ...] = (
       "seconds per verifier run"),
     K("environment.env_workers", "AWM_ENV_WORKERS", "int", "yaml:awm_env_workers",
       "environment worker processes (inprocess) / per started MCP server"),
+    K("environment.drift_workers", "AWM_DRIFT_WORKERS", "int", "yaml:awm_drift_workers",
+      "processes that run the end-of-episode drift check (the chat template re-rendered, the model's text "
+      "re-encoded) off the rollout driver's core; 0: in the driver"),
     K("environment.enable_thinking", "AWM_ENABLE_THINKING", "bool", "yaml:awm_enable_thinking",
       "Qwen3 thinking mode in the chat template"),
     K("environment.reward_complete", "AWM_REWARD_COMPLETE", "float", "yaml:awm_reward_complete",
@@ -296,6 +303,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         "training.n_samples_per_prompt": 4,
         "training.over_sampling_batch_size": Derived(lambda get, g: 2 * get("training.rollout_batch_size"),
                                                      "= 2 x rollout_batch_size"),
+        # the profiles' engines admit about one batch of episodes: eager's extra groups queue and are most of a
+        # second wave, aborted once the batch is full (benchmarks/gpu_twin.py: 2x the turns generated)
+        "training.over_sampling_policy": "adaptive",
         "training.max_tokens_per_gpu": Derived(lambda get, g: get("inference.max_response_len"),
                                                "= inference.max_response_len"),
         "training.dynamic_sampling_filter": "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
@@ -337,6 +347,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "environment.max_observation_tokens": 2048, "environment.invalid_call_penalty": -1.0,
         "environment.terminate_on_invalid_call": False, "environment.max_repeated_calls": 3,
         "environment.tool_timeout": 30.0, "environment.verifier_timeout": 30.0, "environment.env_workers": 8,
+        "environment.drift_workers": 2,  # a third of the driver's CPU an episode (docs/performance.md)
         "environment.enable_thinking": True, "environment.reward_complete": 1.0,
         "environment.reward_partial": 0.1, "environment.reward_other": 0.0,
         "recovery.predicates": None, "recovery.credit_method": None, "recovery.credit_lambda": CreditConfig.lam,
@@ -369,6 +380,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "training.num_rollout": 20, "training.rollout_batch_size": 4, "training.n_samples_per_prompt": 4,
         "training.over_sampling_batch_size": Derived(lambda get, g: get("training.rollout_batch_size"),
                                                      "= rollout_batch_size"),
+        "training.over_sampling_policy": "eager",
         "training.max_tokens_per_gpu": 4096,
         "training.train_backend": "torch", "training.bf16": False, "training.recompute_granularity": None,
         # falls back to zero-variance groups instead of sampling forever when every reward is equal
@@ -383,7 +395,7 @@ PROFILES: dict[str, dict[str, Any]] = {
             lambda get, g: get("training.rollout_batch_size") * get("training.n_samples_per_prompt"),
             "= rollout_batch_size x n_samples_per_prompt"),
         "environment.data_dir": None, "environment.max_turns": 8, "environment.max_tokens_per_turn": 128,
-        "environment.max_observation_tokens": 256, "environment.env_workers": 1,
+        "environment.max_observation_tokens": 256, "environment.env_workers": 1, "environment.drift_workers": 0,
         "environment.enable_thinking": False, "environment.tool_timeout": 10.0, "environment.verifier_timeout": 10.0,
     },
 }

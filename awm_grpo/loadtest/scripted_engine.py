@@ -186,10 +186,12 @@ def build_app(tokenizer: Any, policy: ScriptedPolicy, latency_s: float = 0.0, to
     replies = HeldReplies(latency_s, token_latency_s)
     app = FastAPI(title="scripted engine")
     app.state.replies = replies
+    app.state.generate_total = 0  # /generate requests received (get_server_info)
 
     @app.post("/generate")
     async def generate(request: Request) -> dict[str, Any]:
         body = await request.json()
+        app.state.generate_total += 1
         text = policy.reply(tokenizer.decode(body["input_ids"], skip_special_tokens=False),
                             (body.get("sampling_params") or {}).get("sampling_seed"))
         ids = list(tokenizer.encode(text, add_special_tokens=False)) + [end_id]
@@ -240,7 +242,8 @@ def build_app(tokenizer: Any, policy: ScriptedPolicy, latency_s: float = 0.0, to
 
     @app.get("/get_server_info")
     async def get_server_info() -> dict[str, Any]:
-        return {"engine": "scripted", "weight_version": "0", "aborted_total": replies.aborted_total, **load()}
+        return {"engine": "scripted", "weight_version": "0", "aborted_total": replies.aborted_total,
+                "generate_total": app.state.generate_total, **load()}
 
     @app.get("/health")
     async def health() -> dict[str, str]:

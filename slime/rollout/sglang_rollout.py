@@ -26,6 +26,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -79,7 +80,8 @@ class GenerateState:
     `args` are ignored). The semaphore admits `concurrency` = `--sglang-server-concurrency` x engines
     requests; the
     tokenizer comes from `--hf-checkpoint`, loaded on first use. `processor` is None: multimodal
-    inputs are not supported here.
+    inputs are not supported here. `generate_requests` counts the `/generate` requests posted (one a model
+    turn; `count_generate_request`), aborted episodes' too: the rollout's work, whatever became of it.
     """
 
     _instance: GenerateState | None = None
@@ -92,6 +94,8 @@ class GenerateState:
             state.concurrency = args.sglang_server_concurrency * _num_engines(args)
             state.semaphore = asyncio.Semaphore(state.concurrency)
             state.sampling_params = sampling_params_from_args(args)
+            state.generate_requests = 0
+            state.pass_rate = None  # the share of groups the dynamic filter kept last step (adaptive over-sampling)
             cls._instance = state
         return cls._instance
 
@@ -105,6 +109,11 @@ class GenerateState:
     def reset(cls) -> None:
         """Forget the instance (tests; a new event loop needs a new semaphore)."""
         cls._instance = None
+
+
+def count_generate_request(args: argparse.Namespace) -> None:
+    """Count one `/generate` request posted by a generate function (`rollout/generate_requests`)."""
+    GenerateState(args).generate_requests += 1
 
 
 def get_model_url(args: argparse.Namespace, sample: Sample | None = None) -> str:
@@ -141,6 +150,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
             return sample
         params["max_new_tokens"] = min(params["max_new_tokens"], left)
     payload = {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True}
+    count_generate_request(args)
     output = await post(f"{get_model_url(args, sample)}/generate", payload)
     meta = output["meta_info"]
     pairs = meta.get("output_token_logprobs") or []
@@ -409,6 +419,7 @@ class _OverSampler:
         path = args.dynamic_sampling_filter_path
         self.filter_fn = load_function(path) if path else None
         self.target, self.chunk = args.rollout_batch_size, args.over_sampling_batch_size
+        self.policy = getattr(args, "over_sampling_policy", "eager")  # args built without the parser: slime's
         # Groups as (origin, samples): plugins may return fresh samples.
         self.kept: list[tuple[_Origin, list[Sample]]] = []
         self.reserve: list[tuple[_Origin, list[Sample]]] = []  # dropped, but kept when insufficient
@@ -420,6 +431,7 @@ class _OverSampler:
         self.wave_successes = 0  # groups finished since the last failure wave was handled
         self.failures = self.generated = self.filtered = self.filtered_episodes = 0
         self.played = self.aborted = self.failed_unfinished = 0
+        self.requests_before = GenerateState(args).generate_requests
 
     # -- the loop --
 
@@ -437,14 +449,42 @@ class _OverSampler:
                 return
 
     def _refill(self) -> None:
-        """Pull `--over-sampling-batch-size` groups whenever the groups kept, in flight, held in reserve or
-        failed (to be retried) cannot make the batch; retried prompts first."""
-        while len(self.kept) + len(self.in_flight) + len(self.reserve) + len(self.failed) < self.target:
-            retry, self.retry = self.retry[: self.chunk], self.retry[self.chunk:]
+        """Pull groups while `_short()` says the batch cannot be made; retried prompts first."""
+        while (short := self._short()) > 0:
+            size = self.chunk if self.policy == "eager" else min(self.chunk, short)
+            retry, self.retry = self.retry[:size], self.retry[size:]
             groups = [self.data_source.make_group(o.prompt_index, o.size) for o in retry]
-            groups += self.data_source.get_samples(max(self.chunk - len(groups), 0))
+            groups += self.data_source.get_samples(max(size - len(groups), 0))
+            if not groups:
+                return
             for group in groups:
                 self._launch(group)
+
+    def _short(self) -> int:
+        """How many more groups to start now.
+
+        eager (slime's): `--over-sampling-batch-size` whenever the groups kept, in flight, held in reserve or
+        failed (to be retried) cannot make the batch even if every one of them passes; so a step starts 2x
+        the batch at 2x over-sampling, and what is beyond the batch when it is full is aborted (with the
+        engines' concurrency at the batch, the extra groups queue and start as the first ones end: they are
+        most of a second wave).
+
+        adaptive: the groups the batch still lacks, d = batch - kept - reserve, divided by the share r of
+        finished groups the dynamic filter kept in the previous step, plus one when r < 1, less those in
+        flight or failed: ceil(d / r) + [r < 1] - in_flight - failed. A drop is replaced as soon as it is
+        seen, in the slots it freed. In the first step r is the most a filter of tied groups can keep of
+        0/1 rewards, 1 - 2 x 0.5^n for groups of n (0.875 for 4; 1 without a filter). (Estimating r within
+        the step from its first few groups over-pulls: one early drop would halve it.)"""
+        started = len(self.in_flight) + len(self.failed)
+        if self.policy == "eager":
+            return self.chunk if len(self.kept) + started + len(self.reserve) < self.target else 0
+        lacking = self.target - len(self.kept) - len(self.reserve)
+        if lacking <= 0:
+            return 0
+        rate = GenerateState(self.args).pass_rate
+        if rate is None:
+            rate = 1 - 2 * 0.5 ** self.args.n_samples_per_prompt if self.filter_fn is not None else 1.0
+        return math.ceil(lacking / max(rate, 1e-3)) + (rate < 1) - started
 
     def _launch(self, group: list[Sample]) -> None:
         origin = _Origin(group[0].group_index, group[0].metadata["prompt_index"], len(group))
@@ -548,6 +588,8 @@ class _OverSampler:
             await settle_engines(urls)
 
     def output(self, started: float) -> RolloutFnTrainOutput:
+        if self.generated:
+            GenerateState(self.args).pass_rate = max(self.generated - self.filtered, 1) / self.generated
         kept = sorted(self.kept, key=lambda entry: entry[0].group_index)
         surplus = [origin for origin, _ in kept[self.target:]]
         kept = kept[: self.target]
@@ -569,6 +611,7 @@ class _OverSampler:
             "rollout/episodes_filtered": float(self.filtered_episodes),
             "rollout/episodes_failed": float(self.failed_unfinished),
             "rollout/played_per_trained": self.played / trained if trained else 0.0,
+            "rollout/generate_requests": float(GenerateState(self.args).generate_requests - self.requests_before),
             "rollout/time_s": time.perf_counter() - started,
         }
         for reason, count in self.dropped.items():
@@ -613,6 +656,7 @@ async def generate_rollout(
     `rollout/episodes_aborted` (cancelled before their end, never-started ones included),
     `rollout/episodes_filtered` (episodes of groups the dynamic filter dropped; played, never trained),
     `rollout/episodes_failed` (unfinished episodes of failed groups), `rollout/played_per_trained`,
+    `rollout/generate_requests` (every `/generate` posted: model turns, aborted episodes' included),
     `rollout/groups_generated`, `rollout/groups_filtered`, `rollout/failed_rounds` (failure waves),
     `rollout/dynamic_filter/drop_<reason>`, `rollout/prompt_indices`.
     """

@@ -16,6 +16,12 @@ Checks, each printed as one JSON line `{"check": ..., ...figures}`:
                   one step under FSDP2 + bf16: its export for engines in bf16 and reloaded (dtype in
                   config.json, bytes, seconds), then a checkpoint (bf16 model/ + fp32 master weights and
                   AdamW state, sharded) saved and restored exactly after another step: bytes, seconds, GB/s
+  tensor_sync     a Qwen3-4B-shaped model (all 36 layers, fp32 on the GPU) sent by `TensorWeightSync` in bf16
+                  512 MiB buckets to an engine process (tests/gpu/tensor_receiver.py, over HTTP) by CUDA IPC
+                  handles, twice: bytes a parameter, seconds, GB/s, and whether the engine's weights are
+                  bit-equal to the trainer's cast to bf16. No SGLang on the lent machine: the handles are
+                  torch's own in sglang's wire format (`slime.engine.tensor_payload.encode`), not sglang's
+                  serializer; on the CPU (`--device cpu`) the same check runs with shared-memory handles
 `--device cpu --small` runs the same code on the CPU with gloo (tests/gpu/test_device_check.py).
 """
 
@@ -263,6 +269,73 @@ def nccl_two_ranks() -> dict[str, Any]:
     return report("nccl_two_ranks", formed=formed, ranks=outcome)
 
 
+SYNC_SHAPES = {"full": dict(QWEN3_4B, num_hidden_layers=36), "small": dict(SIZES["small"], tie_word_embeddings=True)}
+
+
+def tensor_sync(device: str, size: str) -> dict[str, Any]:
+    """The colocated weight sync of a Qwen3-4B-shaped model into another process: twice (the first
+    allocates the engine's weights), the weights moved by a step in between, then checked bit for bit."""
+    import httpx
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    import slime.weight_sync as ws
+    from slime.engine.base import EngineClient
+    from slime.engine.tensor_payload import TensorMetadata, encode
+    from tests.gpu.tensor_receiver import checksum
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(Qwen3Config(**SYNC_SHAPES[size], dtype="float32"))
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests/gpu/tensor_receiver.py")], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"the receiver did not start: {line}{proc.communicate(timeout=30)[1][-3000:]}")
+        url = line.split()[-1]
+        mode = "ipc" if device == "cuda" else "shm"
+        if mode == "ipc" and not _has_sglang():  # the lent machine: torch's handles in sglang's wire format
+            ws._sglang_serializer = lambda: (lambda obj: encode(obj["flattened_tensor"], obj["metadata"]),
+                                             TensorMetadata)
+        sync = ws.TensorWeightSync(mode, dtype="bfloat16", bucket_bytes=512 * 1024**2)
+        engine = EngineClient(url)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        seconds = []
+        for version in (1, 2):
+            if version == 2:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.mul_(1.001)  # a step's worth of change: every weight moves
+            sync.sync(model, [engine], version=version)
+            seconds.append(sync.seconds)
+        extra_gib = round((torch.cuda.max_memory_allocated() - before) / GIB, 3) if device == "cuda" else None
+        got = httpx.get(f"{url}/checksums", timeout=600).json()
+        expected = {name: checksum(t.to(torch.bfloat16)) for name, t in ws.hf_named_tensors(model)}
+        stats = sync.stats()
+        return report("tensor_sync", transport=sync.transport, layers=SYNC_SHAPES[size]["num_hidden_layers"],
+                      params_m=round(stats["parameters"] / 1e6, 1), bytes_gb=round(stats["bytes_sent"] / 1e9, 3),
+                      bytes_per_param=round(stats["bytes_per_parameter"], 4), posts_per_sync=got["posts"] // 2,
+                      first_s=round(seconds[0], 3), second_s=round(seconds[1], 3),
+                      second_gb_per_s=round(stats["bytes_sent"] / 1e9 / seconds[1], 1),
+                      engine_load_s_both=round(got["load_s"], 3), engine_dtypes=got["dtypes"],
+                      engine_version=engine.weight_version(), sender_extra_peak_gib=extra_gib,
+                      every_name=sorted(got["checksums"]) == sorted(expected),
+                      bit_equal_bf16=got["checksums"] == expected)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+
+
+def _has_sglang() -> bool:
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
@@ -281,6 +354,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         if args.device == "cuda":
             torch.cuda.empty_cache()
         lines.append(bf16_save(Path(tmp), args.device, size))
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        lines.append(tensor_sync(args.device, size))
     if args.device == "cuda":
         lines.append(nccl_two_ranks())
     return lines

@@ -8,7 +8,8 @@
 #
 # 1. tests/gpu/device_check.py: env, FSDP2 + bf16 step, offload/onload, the weight stream over a
 #    one-rank NCCL update group, a bf16 export + checkpoint save/restore of a Qwen3-4B-shaped model,
-#    two NCCL ranks on one GPU (JSON lines, one a check).
+#    two NCCL ranks on one GPU, a Qwen3-4B-shaped model's weight sync by CUDA IPC in bf16 into another
+#    process (JSON lines, one a check).
 # 2. tests/slime/test_gpu.py (+ test_megatron_backend.py where megatron-core imports), if pytest is there.
 set -u
 cd "$(dirname "$0")/../.."
@@ -22,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'gpu', torch.cuda.is_available())"
 
 echo "== figures (tests/gpu/device_check.py)"
-timeout 300 "$PY" tests/gpu/device_check.py "$@" || { echo "device_check.py failed (rc $?)"; status=1; }
+timeout 330 "$PY" tests/gpu/device_check.py "$@" || { echo "device_check.py failed (rc $?)"; status=1; }
 
 echo "== tests/slime/test_gpu.py"
 if "$PY" -c "import pytest" 2>/dev/null; then

@@ -21,7 +21,8 @@ def test_device_check_script_runs_every_cpu_check_and_sends_every_weight():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checks = {line["check"]: line for line in map(json.loads, (ln for ln in proc.stdout.splitlines()
                                                                   if ln.startswith('{"check"')))}
-    assert sorted(checks) == ["bf16_save", "env", "fsdp_bf16_step", "offload", "weight_send"]  # nccl: GPU only
+    assert sorted(checks) == ["bf16_save", "env", "fsdp_bf16_step", "offload", "tensor_sync",
+                              "weight_send"]  # nccl: GPU only
     save = checks["bf16_save"]
     assert save["export_config_dtype"] == "bfloat16" and save["reload_param_dtypes"] == ["bfloat16"]
     assert save["reload_equals_bf16_weights"] and save["moved_by_a_step"] and save["restored_exactly"]
@@ -30,4 +31,7 @@ def test_device_check_script_runs_every_cpu_check_and_sends_every_weight():
     assert checks["offload"]["back_on_device"]
     send = checks["weight_send"]
     assert send["backend"] == "gloo" and send["every_name"] and send["tensors"] == send["model_tensors"] == 25
+    sync = checks["tensor_sync"]  # shared-memory handles here, CUDA IPC on a GPU: into another process, twice
+    assert sync["transport"] == "shared-memory" and sync["bytes_per_param"] == 2.0 and sync["engine_version"] == "2"
+    assert sync["every_name"] and sync["bit_equal_bf16"] and sync["engine_dtypes"] == ["bfloat16"]
     assert "== device_check done: status 0" in proc.stdout

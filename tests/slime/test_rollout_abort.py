@@ -176,6 +176,36 @@ def test_a_small_chunk_replaces_dropped_groups_as_they_finish(model_dir, tmp_pat
     assert replies.aborted_total == 0 and source.pending == []
 
 
+@pytest.mark.parametrize("policy, started", [("eager", (8, 8)), ("adaptive", (5, 4))])
+def test_adaptive_over_sampling_starts_what_the_pass_rate_says_the_batch_lacks(model_dir, tmp_path, plugin, policy,
+                                                                             started):
+    """Batch 2, chunks of 8, twelve fast prompts, the filter drops prompt 1; two steps. eager (slime's) starts 8
+    groups a step. adaptive, step 1 (no pass rate yet: r = 1 - 2 x 0.5^2 = 0.5 for groups of 2): ceil(2 / 0.5) + 1
+    = 5 groups; step 2 (r = 2/3, 3/4 or 4/5 from step 1's 3-5 finished groups, one dropped): ceil(2 / r) + 1 = 4
+    groups, the first two to finish make the batch."""
+    args, source = _setup(model_dir, tmp_path, ["task zero"] * 12, "--apply-chat-template", "--rollout-batch-size",
+                          "2", "--over-sampling-batch-size", "8", "--over-sampling-policy", policy,
+                          "--custom-rm-path", f"{plugin}.reward",
+                          "--dynamic-sampling-filter-path", f"{plugin}.drop_prompt_one")
+    server, replies = _scripted_server(model_dir, token_latency_s=0.005)
+    args.rollout_engine_urls = [server.url]
+
+    async def steps() -> list:
+        return [await generate_rollout(args, step, source) for step in (0, 1)]
+
+    try:
+        first, second = asyncio.run(asyncio.wait_for(steps(), timeout=60))
+    finally:
+        server.stop()
+    for out, n in zip((first, second), started, strict=True):
+        m = out.metrics
+        _whole(out.samples, 2)
+        assert m["rollout/episodes_played"] + m["rollout/episodes_aborted"] == 2 * n  # every group started
+        assert m["rollout/episodes_trained"] == 4
+    assert first.metrics["rollout/groups_filtered"] == 1 and first.metrics["rollout/prompt_indices"][0] == 0
+    assert first.metrics["rollout/prompt_indices"][1] in range(2, started[0])
+
+
 # ---- the scripted engine's abort, pause and per-token latency over HTTP ---------------------------------------
 
 
