@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import logging
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
@@ -82,8 +83,6 @@ def _init_worker(path: str) -> None:
 def _check(path: str, system: str | None, tools: list[dict[str, Any]] | None, kwargs: dict[str, Any],
            tokens: list[int], messages: list[dict[str, Any]], open_turn: bool,
            pieces: dict[str, list[int]] | None) -> Drift:
-    import json
-
     key = (system, json.dumps(tools, sort_keys=True), json.dumps(kwargs, sort_keys=True))
     encoders: dict[Any, ChatEncoder] = _WORKER["encoders"]
     if key not in encoders:

@@ -39,14 +39,6 @@ def tokenizer(model_dir):
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
-    engine = CPUEngine(model_dir, port=0, seed=0)
-    engine.start()
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
 def prompts(tokenizer):
     return [
         tokenizer.apply_chat_template(

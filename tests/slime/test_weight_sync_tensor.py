@@ -31,14 +31,6 @@ def model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tensor_sync") / "tiny", seed=0)
 
 
-@pytest.fixture(scope="module")
-def engine(model_dir):
-    engine = CPUEngine(model_dir, port=0, seed=0)
-    engine.start()
-    yield engine
-    engine.shutdown()
-
-
 @pytest.fixture
 def trainer(model_dir):
     """The engine's model, moved: what a trainer holds after a step."""
