@@ -1,18 +1,28 @@
 """Controlled recovery split: episodes that start from a damaged state, to test whether a policy repairs it.
 
-    python -m awm_grpo.recovery.split build --out DIR [--predicates FILE] [--weak-traces TRACES.jsonl ...]
+    python -m awm_grpo.recovery.split build --out DIR [--data-dir D] [--predicates F] [--episodes T.jsonl ...]
     python -m awm_grpo.recovery.split evaluate --split DIR --model CKPT [--seeds 0 1 2] [--temperature 0.7]
     python -m awm_grpo.recovery.split evaluate --split DIR --engine-url http://127.0.0.1:30000 --model TOKENIZER
 
-Build (docs/recovery-method.md, Metrics): for every state-mutating task (per the predicates file) with a
-reference solution, a damaged intermediate state is
+Build (docs/recovery-method.md, Metrics): for every state-mutating task (per the predicates file), a
+damaged intermediate state is
 
-    source "wrong_write":  the reference solution's calls up to its first write (the reads a correct
-                           agent makes), then one plausible wrong write of the task's wrong solution
-                           (`wrong_calls` in reference_solutions.jsonl) that the reference never makes;
-    source "weak_policy":  the calls of a weak policy's episode (trace JSONL with progress, from
-                           `awm_grpo.eval --out` or training traces) up to and including its first
-                           explicit tool error or negative-progress step.
+    source "wrong_write":       (data with reference solutions only) the reference solution's calls up to
+                                its first write (the reads a correct agent makes), then one plausible wrong
+                                write of the task's wrong solution (`wrong_calls` in
+                                reference_solutions.jsonl) that the reference never makes;
+    source "recorded_episode":  (any data) the calls of a recorded episode of any policy (`--episodes`:
+                                trace JSONL written by training, `<SAVE_DIR>/traces/rollout_*.jsonl` /
+                                `eval_*.jsonl`, or by `python -m awm_grpo.eval --out`) up to and including
+                                its damaging call. The calls are replayed on a fresh episode and judged by
+                                the predicates file given now (never by Phi values the trace recorded): the
+                                first write (tool label not "read") that returned an explicit tool error,
+                                lowered Phi, or broke a preservation predicate (`--unproductive-writes`:
+                                else its first write after its last progress that changed rows without
+                                raising Phi, if the verifier rejects its replayed end state). Episodes
+                                without one, of tasks that are not state-mutating, or of scenarios without
+                                environment code give no handover; the manifest counts them by reason.
+                                `--episodes-only` leaves out the wrong writes where solutions exist.
 
 The calls are replayed on a fresh episode, the DB is snapshotted to `DIR/states/`, and the
 conversation that led there (meta mode: list_tools + call_tool blocks, with the real observations)
@@ -21,7 +31,9 @@ handovers the rest of the reference solution is then replayed on the damaged sta
 `reference_completion` "complete" means finishing the plan suffices, "others" that the damage must
 be repaired (or is irreparable) first; the manifest counts both. `DIR/split.jsonl`
 holds prompt records (`text`, `metadata` with `start_db` relative to DIR), `DIR/predicates.jsonl`
-the predicates, `DIR/manifest.json` counts and sources.
+the predicates, `DIR/manifest.json` counts, sources and, for every task without a handover, why
+(`no_handover`). Without reference solutions and without `--episodes` the split is empty but valid,
+and `build` says which files to pass.
 
 Evaluate runs the policy from every handover through the training rollout (awm_grpo.eval machinery,
 with progress predicates on) and reports, all and per task type:
@@ -40,6 +52,8 @@ import logging
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,52 +127,221 @@ async def _handover(runtime: Any, tracker_args: tuple, scenario: str, idx: int, 
         await ep.close()
 
 
-def _first_trouble_calls(record: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """A weak policy's calls up to and including its first error / negative-progress turn (None: none)."""
-    credit = (record.get("recovery") or {}).get("credit") or {}
-    phis = [credit.get("phi0"), *(credit.get("phi") or [])]
-    calls: list[dict[str, Any]] = []
-    for i, turn in enumerate(record.get("turns") or []):
-        named = [c for c in turn.get("calls") or [] if "name" in c and c["name"] != protocol.LIST_TOOLS]
-        calls += [{"tool": c["name"], "arguments": c.get("arguments") or {}} for c in named]
-        dip = i + 1 < len(phis) and phis[i] is not None and phis[i + 1] is not None and phis[i + 1] < phis[i]
-        if named and (any(c.get("is_error") for c in named) or dip):
-            return calls
-    return None
+EPISODE_FILES = ("trace JSONL of recorded episodes of any policy: <SAVE_DIR>/traces/rollout_*.jsonl or "
+                 "eval_*.jsonl written by training, or the file of `python -m awm_grpo.eval --out FILE`")
+NO_ENV_CODE = "no environment code (gen_envs row) for this scenario: episodes cannot be played"
+
+
+class TraceFormatError(ValueError):
+    """A line of an `--episodes` file is not an episode record; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class RecordedEpisode:
+    """The part of one trace record a handover needs: which task, and the tool calls it ran in order."""
+
+    where: str  # file:line
+    scenario: str
+    task_idx: int
+    calls: list[dict[str, Any]]  # {"tool", "arguments"}; catalogue and invalid calls left out
+    infra_error: bool
+    from_handover: bool  # it started from a damaged state of a split, not from the task's initial state
+    final_answer: str | None = None
+
+
+def episode_paths(path: str | Path) -> list[Path]:
+    """A trace file, or a trace folder's step files (rollout_*.jsonl, eval_*.jsonl; not live.jsonl)."""
+    path = Path(path)
+    if not path.is_dir():
+        return [path]
+    found = sorted(path.glob("rollout_*.jsonl")) + sorted(path.glob("eval_*.jsonl"))
+    if not found:
+        raise FileNotFoundError(f"--episodes {path} is a folder without rollout_*.jsonl or eval_*.jsonl: pass "
+                                f"{EPISODE_FILES}")
+    return found
+
+
+def read_episodes(path: str | Path) -> Iterator[RecordedEpisode]:
+    """The episodes of one trace file, line by line (a training step's file can be large).
+
+    Every non-blank line must be an episode record; anything else raises TraceFormatError naming the
+    file and line, so that no episode is dropped unnoticed."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--episodes {path} does not exist: pass {EPISODE_FILES}")
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if line.strip():
+                yield _episode(line, f"{path}:{n}")
+
+
+def _episode(line: str, where: str) -> RecordedEpisode:
+    def bad(problem: str) -> TraceFormatError:
+        return TraceFormatError(f"{where}: {problem}; --episodes takes {EPISODE_FILES} (live.jsonl is only "
+                                "the live view, without the calls)")
+
+    try:
+        r = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise bad(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(r, dict):
+        raise bad("not a JSON object")
+    if not isinstance(r.get("scenario"), str) or not r["scenario"]:
+        raise bad("no 'scenario' string: not an episode record")
+    if not isinstance(r.get("task_idx"), int) or isinstance(r["task_idx"], bool):
+        raise bad("no integer 'task_idx': not an episode record")
+    if not isinstance(r.get("turns"), list):
+        raise bad("no 'turns' list: not an episode record")
+    calls = []
+    for t, turn in enumerate(r["turns"]):
+        if not isinstance(turn, dict) or not isinstance(turn.get("calls", []), list):
+            raise bad(f"turn {t} is not an object with a 'calls' list")
+        for c in turn.get("calls") or []:
+            if not isinstance(c, dict):
+                raise bad(f"turn {t} has a call that is not an object")
+            if "name" not in c or c.get("catalogue") or c["name"] == protocol.LIST_TOOLS:
+                continue  # an invalid call (never reached the environment) or the tool catalogue
+            args = c.get("arguments")
+            if not isinstance(c["name"], str) or not (args is None or isinstance(args, dict)):
+                raise bad(f"turn {t} has a call without a tool name string and an arguments object")
+            calls.append({"tool": c["name"], "arguments": args or {}})
+    answer = r.get("final_answer")
+    return RecordedEpisode(where, r["scenario"], r["task_idx"], calls, bool(r.get("infra_error")),
+                           bool(r.get("handover")), answer if isinstance(answer, str) else None)
+
+
+async def _damaging_call(runtime: Any, predicates: str, episode: RecordedEpisode,
+                         unproductive: bool = False) -> tuple[int | None, str]:
+    """(index of the episode's damaging call, "") or (None, why none): replays its calls on a fresh episode.
+
+    Damaging: the first write (tool label not "read") that returned an explicit tool error, lowered Phi,
+    or broke a preservation predicate (one that held before it), judged by the predicates file now.
+    `unproductive`: else the first write after the episode's last progress that changed rows without
+    raising Phi, when the verifier rejects the episode's replayed final state (a wrong write on rows the
+    predicates do not watch, e.g. the wrong loan renewed)."""
+    from awm.predicates.predicate import evaluate as evaluate_predicates
+
+    from awm_grpo.recovery.progress import open_tracker
+
+    scenario, idx = episode.scenario, episode.task_idx
+    ep = await runtime.open(scenario, idx)
+    try:
+        code = runtime.dataset.scenario(scenario).full_code
+        tracker = await asyncio.to_thread(open_tracker, predicates, code, scenario, idx, ep.db_path)
+        writes, idle = 0, None
+        for i, c in enumerate(episode.calls):
+            write = tracker.label(c["tool"]) != "read"
+            if write:
+                writes += 1
+                phi_before = (await asyncio.to_thread(tracker.after_tool_turn))["phi"]
+                kept = await asyncio.to_thread(evaluate_predicates, ep.db_path, tracker.task.preservation)
+            obs = await ep.call(c["tool"], c["arguments"])
+            if not write:
+                continue
+            after = await asyncio.to_thread(tracker.after_tool_turn)
+            now = await asyncio.to_thread(evaluate_predicates, ep.db_path, tracker.task.preservation)
+            broke = any(b == 1.0 and a < 1.0 for b, a in zip(kept, now, strict=True))
+            if obs.is_error or after["phi"] < phi_before or broke:
+                return i, ""
+            if after["phi"] > phi_before:
+                idle = None  # progress after it: the earlier writes were steps of a plan
+            elif unproductive and idle is None and after["rows"]:
+                idle = i
+        if idle is not None and (await ep.verify(episode.final_answer)).verdict != "complete":
+            return idle, ""
+        return None, "no_write" if not writes else "no_damaging_write"
+    finally:
+        await ep.close()
+
+
+def _count(counter: dict[str, int], key: str) -> None:
+    counter[key] = counter.get(key, 0) + 1
 
 
 async def build(out: Path, *, data_dir: str | None, predicates: str | None, scenarios: list[str] | None,
-                tool_mode: str, weak_traces: list[str], max_per_task: int, max_chars: int,
-                list_tools: bool = True, read_back: bool = False) -> dict[str, Any]:
+                tool_mode: str, episodes: list[str] | None = None, max_per_task: int = 2,
+                max_chars: int = 2000, list_tools: bool = True, read_back: bool = False,
+                episodes_only: bool = False, unproductive_writes: bool = False,
+                weak_traces: list[str] | None = None) -> dict[str, Any]:
     """Write the split to `out` (module docstring); returns the manifest.
 
-    `list_tools` False: meta-mode conversations open with the first call, not list_tools (for a policy
-    warm-started with `--no-list-tools`). `read_back`: a wrong-write handover also replays the
-    reference's reads after the wrong write, so the conversation ends on a read that shows the damage."""
+    `episodes` (alias `weak_traces`): trace files of recorded episodes; at most `max_per_task` handovers
+    per task come from them, as from the reference's wrong writes (identical call prefixes count once).
+    `episodes_only`: ignore reference solutions even where the data ships them. `unproductive_writes`:
+    an episode's damaging call may also be a write without progress in a rejected episode
+    (`_damaging_call`). `list_tools` False: meta-mode conversations open with the first call, not
+    list_tools (for a policy warm-started with `--no-list-tools`). `read_back`: a wrong-write handover
+    also replays the reference's reads after the wrong write, so the conversation ends on a read that
+    shows the damage."""
     from awm.episode import EnvRuntime
     from awm.predicates.build import build as build_predicates
     from awm.predicates.build import write_predicates
+    from awm.runtime.pool import InfraError
     from awm.solutions import load_solutions
 
     from awm_grpo.recovery.progress import load_predicates, tool_semantics
 
+    episode_files = [f for p in [*(episodes or []), *(weak_traces or [])] for f in episode_paths(p)]
+    # read (and check) every episode before any work: a bad line fails in seconds, not after the replays
+    recorded = [ep for path in episode_files for ep in read_episodes(path)]
+    runtime = EnvRuntime(data_dir, num_workers=1)
+    dataset = runtime.dataset
+    names = set(dataset.scenario_names())
+    for ep in recorded:
+        if ep.scenario not in names or not 0 <= ep.task_idx < len(dataset.tasks(ep.scenario)):
+            runtime.close()
+            raise TraceFormatError(f"{ep.where}: task {ep.scenario}#{ep.task_idx} is not in "
+                                   f"{dataset.data_dir}: pass the --data-dir the episodes were played on")
     out.mkdir(parents=True, exist_ok=True)
     (out / "states").mkdir(exist_ok=True)
     pred_path = out / "predicates.jsonl"
-    runtime = EnvRuntime(data_dir, num_workers=1)
+    rows: list[dict[str, Any]] = []
+    skipped = 0
+    attempts: dict[tuple[str, int], dict[str, int]] = {}  # per task: outcome -> count (both sources)
+    outcomes: dict[str, int] = {}  # per recorded episode
     try:
         if predicates:
             shutil.copyfile(predicates, pred_path)
         else:
             write_predicates(await build_predicates(data_dir, scenarios=scenarios, runtime=runtime), pred_path)
         tasks = load_predicates(str(pred_path.resolve()))
-        solutions = load_solutions(data_dir) if not weak_traces else {}
-        jobs: list[tuple[str, int, str, list[dict[str, Any]], Any, int | None]] = []
+        try:
+            solutions = {} if episodes_only else load_solutions(data_dir)
+            has_solutions = not episodes_only
+        except FileNotFoundError:
+            solutions, has_solutions = {}, False
+
+        def playable(scenario: str) -> bool:
+            return scenario in names and dataset.scenario(scenario).full_code is not None
+
+        async def make(scenario: str, idx: int, source: str, calls: list[dict[str, Any]], rest: Any,
+                       damage_at: int | None, where: str | None = None) -> bool:
+            nonlocal skipped
+            name = f"{scenario}-{idx}-{len(rows) + skipped}.db"
+            h = await _handover(runtime, (str(pred_path.resolve()),), scenario, idx, calls, tool_mode,
+                                out / "states" / name, max_chars, rest, list_tools, damage_at)
+            if h is None:
+                skipped += 1
+                if source != "recorded_episode":  # recorded episodes count their outcome once, below
+                    _count(attempts.setdefault((scenario, idx), {}), "already_complete")
+                return False
+            handover = {"source": source, "kind": h["kind"], "calls": calls, "phi_before": h["phi_before"],
+                        "phi_after": h["phi_after"], "reference_completion": h["reference_completion"],
+                        **({"episode": where} if where else {})}
+            meta = {"scenario": scenario, "task_idx": idx, "task": dataset.tasks(scenario)[idx],
+                    "task_type": h["task_type"], "start_db": f"states/{name}",
+                    "start_messages": h["start_messages"], "handover": handover}
+            rows.append({"text": meta["task"], "metadata": meta})
+            if source != "recorded_episode":
+                _count(attempts.setdefault((scenario, idx), {}), "handover")
+            return True
+
         for (scenario, idx), sol in sorted(solutions.items()):
             rec = tasks.get((scenario, idx))
-            if (scenarios and scenario not in scenarios) or rec is None or rec.task_type != "state_mutating":
+            if (scenarios and scenario not in scenarios) or rec is None or rec.task_type != "state_mutating" \
+                    or not playable(scenario):
                 continue
-            labels, _ = tool_semantics(runtime.dataset.scenario(scenario).full_code)
+            labels, _ = tool_semantics(dataset.scenario(scenario).full_code)
             write_at = next((i for i, c in enumerate(sol.calls) if labels.get(c["tool"], "read") != "read"), None)
             prefix = sol.calls[:write_at] if write_at is not None else list(sol.calls)
             reference = {json.dumps(c, sort_keys=True) for c in sol.calls}
@@ -166,45 +349,123 @@ async def build(out: Path, *, data_dir: str | None, predicates: str | None, scen
                      and json.dumps(c, sort_keys=True) not in reference]
             rest = (sol.calls[len(prefix):], sol.final_answer)
             after = prefix if read_back else []
-            jobs += [(scenario, idx, "wrong_write", prefix + [c] + after, rest, len(prefix)) for c in wrong[:max_per_task]]
-        for path in weak_traces:
-            for line in Path(path).read_text().splitlines():
-                r = json.loads(line) if line.strip() else None
-                rec = tasks.get((r["scenario"], r["task_idx"])) if r else None
-                calls = _first_trouble_calls(r) if rec is not None and rec.task_type == "state_mutating" else None
-                if calls and not r.get("infra_error") and (not scenarios or r["scenario"] in scenarios):
-                    jobs.append((r["scenario"], r["task_idx"], "weak_policy", calls, None, None))
-        rows, skipped = [], 0
-        for n, (scenario, idx, source, calls, rest, damage_at) in enumerate(jobs):
-            name = f"{scenario}-{idx}-{n}.db"
-            h = await _handover(runtime, (str(pred_path.resolve()),), scenario, idx, calls, tool_mode,
-                                out / "states" / name, max_chars, rest, list_tools, damage_at)
-            if h is None:
-                skipped += 1
+            for c in wrong[:max_per_task]:
+                await make(scenario, idx, "wrong_write", prefix + [c] + after, rest, len(prefix))
+
+        seen: set[str] = set()
+        from_episodes: dict[tuple[str, int], int] = {}
+
+        async def episode_handover(ep: RecordedEpisode) -> str:
+            """Replay one recorded episode; a handover at its damaging call. Returns the outcome."""
+            at, why = await _damaging_call(runtime, str(pred_path.resolve()), ep, unproductive_writes)
+            if at is None:
+                return why
+            calls = ep.calls[: at + 1]
+            digest = json.dumps([ep.scenario, ep.task_idx, calls], sort_keys=True)
+            if digest in seen:
+                return "duplicate_of_an_earlier_handover"
+            seen.add(digest)
+            made = await make(ep.scenario, ep.task_idx, "recorded_episode", calls, None, at, ep.where)
+            key = (ep.scenario, ep.task_idx)
+            from_episodes[key] = from_episodes.get(key, 0) + made
+            return "handover" if made else "already_complete"
+
+        for ep in recorded:
+            key = (ep.scenario, ep.task_idx)
+            rec = tasks.get(key)
+            why = ("other_scenario" if scenarios and ep.scenario not in scenarios
+                   else "infra_error" if ep.infra_error
+                   else "started_from_a_handover" if ep.from_handover
+                   else "task_not_in_predicates" if rec is None
+                   else "task_not_state_mutating" if rec.task_type != "state_mutating"
+                   else "no_environment_code" if not playable(ep.scenario)
+                   else "task_has_max_per_task_handovers" if from_episodes.get(key, 0) >= max_per_task
+                   else "")
+            if not why:
+                try:
+                    why = await episode_handover(ep)
+                except InfraError as exc:  # e.g. environment code that does not load: not the episode's fault
+                    log.warning("%s: the environment failed while replaying the episode: %s", ep.where, exc)
+                    why = "environment_error"
+            _count(outcomes, why)
+            if why != "other_scenario":
+                _count(attempts.setdefault(key, {}), why)
+
+        no_handover: dict[str, str] = {}
+        for scenario in dataset.scenario_names():
+            if scenarios and scenario not in scenarios:
                 continue
-            meta = {"scenario": scenario, "task_idx": idx, "task": runtime.dataset.tasks(scenario)[idx],
-                    "task_type": h["task_type"], "start_db": f"states/{name}", "start_messages": h["start_messages"],
-                    "handover": {"source": source, "kind": h["kind"], "calls": calls,
-                                 "phi_before": h["phi_before"], "phi_after": h["phi_after"],
-                                 "reference_completion": h["reference_completion"]}}
-            rows.append({"text": meta["task"], "metadata": meta})
+            for idx in range(len(dataset.tasks(scenario))):
+                tried = attempts.get((scenario, idx), {})
+                if tried.get("handover"):
+                    continue
+                no_handover[f"{scenario}#{idx}"] = _why_none(
+                    dataset, tasks.get((scenario, idx)), scenario, idx, tried, (scenario, idx) in solutions,
+                    playable(scenario))
+        playable_tasks = sorted(f"{s}#{i}" for (s, i), r in tasks.items() if r.task_type == "state_mutating"
+                                and (not scenarios or s in scenarios) and playable(s))
     finally:
         runtime.close()
     (out / "split.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     kinds: dict[str, int] = {}
-    for r in rows:
-        k = f"{r['metadata']['handover']['source']}/{r['metadata']['handover']['kind']}"
-        kinds[k] = kinds.get(k, 0) + 1
     completion: dict[str, int] = {}
     for r in rows:
-        v = str(r["metadata"]["handover"]["reference_completion"])
-        completion[v] = completion.get(v, 0) + 1
+        _count(kinds, f"{r['metadata']['handover']['source']}/{r['metadata']['handover']['kind']}")
+        _count(completion, str(r["metadata"]["handover"]["reference_completion"]))
+    reasons: dict[str, int] = {}
+    for why in no_handover.values():
+        _count(reasons, why.split(" (")[0].split(":")[0])
     manifest = {"handovers": len(rows), "skipped_already_complete": skipped, "kinds": kinds, "tool_mode": tool_mode,
-                "list_tools": list_tools, "read_back": read_back, "data_dir": str(Path(data_dir).resolve()) if data_dir else None,
+                "list_tools": list_tools, "read_back": read_back,
+                "data_dir": str(Path(data_dir).resolve()) if data_dir else None,
                 "reference_completion": completion,
-                "tasks": len({(r["metadata"]["scenario"], r["metadata"]["task_idx"]) for r in rows})}
+                "tasks": len({(r["metadata"]["scenario"], r["metadata"]["task_idx"]) for r in rows}),
+                "reference_solutions": has_solutions, "unproductive_writes": unproductive_writes,
+                "episodes": {"files": [str(Path(p).resolve()) for p in episode_files],
+                             "records": sum(outcomes.values()), "outcomes": outcomes},
+                "playable_tasks": playable_tasks,
+                "no_handover_reasons": reasons, "no_handover": no_handover}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest
+
+
+def _why_none(dataset: Any, rec: Any, scenario: str, idx: int, tried: dict[str, int], solution: bool,
+              playable: bool) -> str:
+    """Why a task got no handover, in words (manifest `no_handover`)."""
+    if rec is None:
+        return ("not in the predicates file" if dataset.verifier(scenario, idx) is not None
+                else "no code verifier (not in the predicates file)")
+    if rec.task_type != "state_mutating":
+        return f"task type {rec.task_type}: handovers are built for state-mutating tasks only" + \
+            (f" ({rec.note})" if rec.note else "")
+    if not playable:
+        return NO_ENV_CODE
+    if not tried:
+        return ("no recorded episode, and the reference's wrong solution makes no write the reference "
+                "does not" if solution else "no reference solution and no recorded episode")
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(tried.items()))
+    return f"no damaged state from its reference solution or recorded episodes ({counts})"
+
+
+def explain_empty(manifest: dict[str, Any], out: Path) -> str:
+    """What to do about a split without handovers (printed by `build`)."""
+    lines = [f"No handovers: {out / 'split.jsonl'} is empty (a valid split with nothing to evaluate)."]
+    if not manifest["reference_solutions"]:
+        lines.append("This data has no reference solutions (reference_solutions.jsonl), so handovers come "
+                     f"only from recorded episodes: pass --episodes FILE (repeatable), {EPISODE_FILES}.")
+    playable = manifest["playable_tasks"]
+    if playable:
+        shown = ", ".join(playable[:10]) + (f" and {len(playable) - 10} more" if len(playable) > 10 else "")
+        lines.append("Episodes qualify when they are of a state-mutating task whose scenario has "
+                     f"environment code ({len(playable)} here: {shown}) and make a write that the predicates "
+                     "show as wrong.")
+    else:
+        lines.append("No task of this data can get a handover: none is state-mutating (per the predicates) "
+                     "with environment code (a gen_envs row) for its scenario.")
+    reasons = "; ".join(f"{k}: {v}" for k, v in sorted(manifest["no_handover_reasons"].items()))
+    lines.append(f"Tasks without a handover, by reason: {reasons or 'none'} "
+                 f"(per task: {out / 'manifest.json'}, no_handover).")
+    return "\n".join(lines)
 
 
 def resolved_split(split_dir: Path, dest: Path, tasks: set[tuple[str, int]] | None = None) -> Path:
@@ -313,9 +574,18 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--predicates", help="predicates JSONL (default: built now with awm.predicates)")
     b.add_argument("--scenario", action="append", help="only these scenarios (repeatable)")
     b.add_argument("--tool-mode", default="meta", choices=["meta", "native"])
-    b.add_argument("--weak-traces", action="append", default=[],
-                   help="trace JSONL of a weak policy (with progress): handovers at its first bad step instead")
-    b.add_argument("--max-per-task", type=int, default=2, help="wrong writes per task (default 2)")
+    b.add_argument("--episodes", "--weak-traces", action="append", default=[], metavar="TRACES.jsonl",
+                   help="recorded episodes of any policy (repeatable): training's traces/rollout_*.jsonl or "
+                   "eval_*.jsonl (or the traces/ folder), or `awm_grpo.eval --out`; a handover at each one's "
+                   "damaging write")
+    b.add_argument("--episodes-only", action="store_true",
+                   help="only recorded episodes, even where the data ships reference solutions")
+    b.add_argument("--unproductive-writes", action="store_true",
+                   help="an episode without such a write: its first write after its last progress that "
+                   "changed rows without raising Phi, when the verifier rejects the episode's replayed end "
+                   "state")
+    b.add_argument("--max-per-task", type=int, default=2,
+                   help="handovers per task from each source: wrong writes, recorded episodes (default 2)")
     b.add_argument("--max-observation-chars", type=int, default=2000)
     e = sub.add_parser("evaluate", help="play a policy from every handover and report recovery metrics")
     e.add_argument("--split", required=True, help="a folder written by `build`")
@@ -331,11 +601,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.command == "build":
-        manifest = asyncio.run(build(Path(args.out), data_dir=args.data_dir, predicates=args.predicates,
-                                     scenarios=args.scenario, tool_mode=args.tool_mode, weak_traces=args.weak_traces,
-                                     max_per_task=args.max_per_task, max_chars=args.max_observation_chars))
-        print(json.dumps(manifest, indent=1))
-        return 0 if manifest["handovers"] else 1
+        try:
+            manifest = asyncio.run(build(Path(args.out), data_dir=args.data_dir, predicates=args.predicates,
+                                         scenarios=args.scenario, tool_mode=args.tool_mode,
+                                         episodes=args.episodes, max_per_task=args.max_per_task,
+                                         max_chars=args.max_observation_chars,
+                                         episodes_only=args.episodes_only,
+                                         unproductive_writes=args.unproductive_writes))
+        except (TraceFormatError, FileNotFoundError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        shown = {k: v for k, v in manifest.items() if k not in ("no_handover", "playable_tasks")}
+        print(json.dumps({**shown, "playable_tasks": len(manifest["playable_tasks"])}, indent=1))
+        if not manifest["handovers"]:
+            print(explain_empty(manifest, Path(args.out)), file=sys.stderr)
+            return 1
+        return 0
     if not args.model:
         raise SystemExit("--model is required (a checkpoint, or the tokenizer folder with --engine-url)")
     runs, records = [], {}

@@ -12,11 +12,13 @@ import pytest
 from awm.episode import EnvRuntime
 from awm.llm import ChatClient
 from awm.predicates.build import build, coverage, main, read_predicates, write_predicates
+from awm.predicates.goal_states import search
 from awm.predicates.predicate import (
     Predicate,
     PredicateError,
     evaluate,
     extract,
+    phi,
     phi_of_rows,
     rows_digest,
     validate,
@@ -147,15 +149,25 @@ def test_traced_run_extract_and_validate(states):
     assert [round(v, 3) for v in evaluate(wrong, progress)] == [0.0, 0.5, 1.0]
 
 
-def test_unreplayed_extraction_uses_demanded_counts(states):
-    s0 = states[0]
-    info = analyse(VERIFIER)
+def test_without_a_solution_targets_come_from_states_the_verifier_accepts(states, tmp_path):
+    """No replay: the goal-state search builds A and B from s0, and the same extraction runs on them."""
+    s0, a_ref, _, wrong = states
     with VerifierSandbox() as sandbox:
-        trace = traced_run(sandbox, VERIFIER, str(s0), str(s0))
-    candidates, dropped = extract(trace.statements, info, s0, None, None)
-    progress, preservation = validate(candidates, s0, None, None, dropped)
-    assert [(p.check, p.expected, p.replay) for p in progress] == [("count_eq", 1, "unreplayed")]
-    assert preservation == []
+        goal = search(sandbox, VERIFIER, s0, tmp_path / "goal")
+        assert goal.accepting and goal.reason == ""
+        a, b = goal.accepting
+        for state in (a, b):
+            assert sandbox.verify(VERIFIER, str(s0), str(state)).verdict == "complete"
+        trace = traced_run(sandbox, VERIFIER, str(s0), str(a))
+    candidates, dropped = extract(trace.statements, analyse(VERIFIER), s0, a, b, built=True)
+    progress, _ = validate(candidates, s0, a, b, dropped)
+    assert progress and evaluate(s0, progress) != [1.0] * len(progress)
+    # the state a real solution leaves (never seen by the build) satisfies them; the wrong one does not
+    assert evaluate(a_ref, progress) == [1.0] * len(progress)
+    assert min(evaluate(wrong, progress)) < 1.0
+    # every state the search vouches for: Phi = 1 exactly where the verifier accepts
+    for state, verdict in goal.checked:
+        assert (phi(state, progress) == 1.0) == (verdict == "complete"), (state, verdict)
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +230,9 @@ def test_jsonl_round_trip_and_coverage(bundled_records, tmp_path, capsys):
         read_predicates(path)
 
 
-def test_excerpt_is_reported_unreplayed(excerpt_dir, cache_dir):
+def test_excerpt_gets_predicates_checked_against_the_verifier(excerpt_dir, cache_dir):
+    """Real AWM-1K records without solutions: tasks 1 and 2 get validated predicates, task 0 (a verifier that
+    rejects every final state, see the excerpt's README) none, with the reason stated."""
     async def run():
         with EnvRuntime(excerpt_dir, cache_dir=cache_dir, num_workers=1) as rt:
             return await build(str(excerpt_dir), runtime=rt)
@@ -226,7 +240,14 @@ def test_excerpt_is_reported_unreplayed(excerpt_dir, cache_dir):
     records = asyncio.run(run())
     assert [(r.scenario, r.task_idx) for r in records] == [("e_commerce_33", i) for i in range(3)]
     assert not any(r.replayed for r in records)
-    wish = records[2]
-    assert [(p.check, p.expected, p.replay) for p in wish.predicates] == [("count_eq", 1, "unreplayed")]
-    assert "wishlists" in wish.predicates[0].sql and wish.task_type == "state_mutating"
-    assert coverage(records)["unreplayed_tasks"] == 3
+    none, reorder, wish = records
+    assert none.predicates == [] and none.task_type == "ambiguous" and "further" in none.evidence
+    for r in (reorder, wish):
+        assert r.predicates and r.task_type == "state_mutating"
+        assert r.validation["method"] == "verifier_states" and r.validation["agrees"] is True
+        assert r.validation["accepted"] >= 1 and r.validation["rejected"] >= 1
+        assert all(p.replay == "verifier_states" for p in r.predicates)
+    assert any("Kitchen Upgrades 2025" in p.sql for p in wish.predicates)
+    assert sum("wishlist_items" in p.sql for p in wish.predicates) == 3  # the three air fryers, row by row
+    cov = coverage(records)
+    assert cov["with_progress_predicate"]["with"] == 2 and cov["unreplayed_tasks"] == 3

@@ -1,5 +1,5 @@
-"""The controlled recovery split: damaged states built from wrong writes or a weak policy's first bad step,
-and a policy (the scripted SGLang-protocol engine) evaluated from them through the real rollout."""
+"""The controlled recovery split: damaged states built from wrong writes or a recorded episode's damaging
+write, and a policy (the scripted SGLang-protocol engine) evaluated from them through the real rollout."""
 
 from __future__ import annotations
 
@@ -59,23 +59,27 @@ def test_wrong_write_handovers_snapshot_the_damaged_db_and_the_conversation(spli
     assert (8, "error") in kinds  # a wrong place_hold that the environment refused
 
 
-def test_weak_policy_handover_is_its_first_negative_progress_step(tmp_path, predicates):
+def test_recorded_episode_handover_is_judged_by_the_predicates_now_not_the_recorded_phi(tmp_path, predicates):
+    # the trace claims Phi never moved (as if recorded with other predicates); replayed, the return lowers it
     trace = {"scenario": SCENARIO, "task_idx": 3, "infra_error": None,
-             "turns": [{"calls": [{"name": "list_tools", "arguments": {}}]},
+             "turns": [{"calls": [{"name": "list_tools", "arguments": {}, "catalogue": True}]},
                        {"calls": [{"name": "checkout_copy", "arguments": {"copy_id": 1}, "is_error": False}]},
                        {"calls": [{"name": "return_loan", "arguments": {"loan_id": 14, "return_branch_id": 1},
                                    "is_error": False}]},
                        {"calls": [{"name": "checkout_copy", "arguments": {"copy_id": 1}, "is_error": False}]}],
-             "recovery": {"credit": {"phi0": 0.0, "phi": [0.0, 1.0, 0.0, 1.0]}}}
-    path = tmp_path / "weak.jsonl"
+             "recovery": {"credit": {"phi0": 0.0, "phi": [0.0, 0.0, 0.0, 0.0]}}}
+    path = tmp_path / "episodes.jsonl"
     path.write_text(json.dumps(trace) + "\n")
+    # weak_traces: the old name of `episodes`; episodes_only: no wrong writes of the bundled references
     manifest = asyncio.run(recovery_split.build(tmp_path / "split", data_dir=None, predicates=predicates,
                                                 scenarios=None, tool_mode="meta", weak_traces=[str(path)],
-                                                max_per_task=2, max_chars=2000))
-    assert manifest["kinds"] == {"weak_policy/negative_progress": 1}
+                                                max_per_task=2, max_chars=2000, episodes_only=True))
+    assert manifest["kinds"] == {"recorded_episode/negative_progress": 1}
+    assert manifest["reference_solutions"] is False and manifest["episodes"]["outcomes"] == {"handover": 1}
     meta = rows(tmp_path / "split")[0]["metadata"]
     assert [c["tool"] for c in meta["handover"]["calls"]] == ["checkout_copy", "return_loan"]
     assert meta["handover"]["phi_before"] == 1.0 and meta["handover"]["phi_after"] == 0.0
+    assert meta["handover"]["episode"] == f"{path}:1"
 
 
 def test_a_policy_trained_with_b1_s_window_is_evaluated_in_its_window(split, tiny_model_dir, scripted):

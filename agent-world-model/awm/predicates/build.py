@@ -34,6 +34,8 @@ import json_repair
 from awm.data import AWMDataset, bundled_data_dir
 from awm.database import backup, state_hash
 from awm.episode import EnvRuntime
+from awm.predicates.goal_states import GoalSearch
+from awm.predicates.goal_states import search as search_goal_states
 from awm.predicates.predicate import (
     Predicate,
     PredicateError,
@@ -127,35 +129,107 @@ class PredicateBuilder:
             rec.note = f"verifier does not parse: {info.syntax_error}"
             return rec
         sol = self.solutions.get((scenario, idx))
-        a, b = (st["a"], st["b"]) if st else (None, None)
+        answer = sol.final_answer if sol else None
+        goal: GoalSearch | None = None
+        if st is not None:
+            a, b = st["a"], st["b"]
+        else:  # no reference solution: states the verifier itself accepts (awm.predicates.goal_states)
+            goal = await asyncio.to_thread(search_goal_states, self.runtime.sandbox(), row.code, s0,
+                                           self.workdir / f"{scenario}-{idx}-goal", task=row.task)
+            a, b = (goal.accepting[0], goal.accepting[1]) if goal.accepting else (None, None)
+            answer = goal.answer
         trace = await asyncio.to_thread(traced_run, self.runtime.sandbox(), row.code, str(s0), str(a or s0),
-                                        final_answer=sol.final_answer if sol else None)
+                                        final_answer=answer)
         if trace.status != "ok":
             rec.note = f"traced verifier run failed: {trace.error}"
             return rec
-        candidates, dropped = extract(trace.statements, info, s0, a, b)
+        candidates, dropped = extract(trace.statements, info, s0, a, b, built=goal is not None) \
+            if a is not None else ([], Counter())
         if self.llm is not None:
-            sc = self.runtime.dataset.scenario(scenario)
-            schema = "\n".join(t.get("ddl", "") for t in (sc.db_schema or {}).get("tables", []))
-            try:
-                extra = await _llm_candidates(self.llm, row.task, schema, row.code)
-            except Exception as exc:  # an unreachable endpoint loses the completion, not the task
-                log.warning("LLM completion failed for %s/%d: %s", scenario, idx, exc)
-                extra = []
-            for p in extra:
-                p.replay = "ok" if a is not None else "unreplayed"
-            candidates += extra
+            candidates += await self._llm(scenario, row, "ok" if st is not None else "verifier_states")
         rec.predicates, rec.preservation = validate(candidates, s0, a, b, dropped)
+        if goal is not None:
+            for p in rec.predicates + rec.preservation:
+                p.replay = "verifier_states"
+            rec.predicates, rec.validation = agree(rec.predicates, goal, dropped)
+        else:
+            rec.validation = {"method": "reference_replay", "states_checked": 3}
         rec.dropped = dict(dropped)
-        changed = (state_hash(a) != state_hash(s0)) if a is not None else None
-        rec.task_type = task_type(len(rec.predicates), changed, reads_final_answer=info.reads_final_answer,
-                                  compares_states=info.uses_initial and info.uses_final)
+        rec.task_type, rec.evidence = self._type(rec, info, s0, a, goal)
         rec.phi_initial = phi(s0, rec.predicates)
         if st is not None:
             rec.verdict_reference, rec.verdict_wrong = st["va"], st["vw"]
             rec.phi_reference, rec.phi_wrong = phi(a, rec.predicates), phi(st["w"], rec.predicates)
             rec.replay_ok = all(v == 1.0 for v in evaluate(b, rec.predicates + rec.preservation))
         return rec
+
+    async def _llm(self, scenario: str, row: Any, replay: str) -> list[Predicate]:
+        """LLM-proposed candidates; they go through the same validation as the extracted ones."""
+        sc = self.runtime.dataset.scenario(scenario)
+        schema = "\n".join(t.get("ddl", "") for t in (sc.db_schema or {}).get("tables", []))
+        try:
+            extra = await _llm_candidates(self.llm, row.task, schema, row.code)
+        except Exception as exc:  # an unreachable endpoint loses the completion, not the task
+            log.warning("LLM completion failed for %s/%d: %s", scenario, row.task_idx, exc)
+            return []
+        for p in extra:
+            p.replay = replay
+        return extra
+
+    @staticmethod
+    def _type(rec: TaskPredicates, info: Any, s0: Path, a: Path | None, goal: GoalSearch | None) -> tuple[str, str]:
+        """The task type and the evidence it rests on (docs/recovery-method.md, Predicates)."""
+        if goal is None:
+            changed = state_hash(a) != state_hash(s0) if a is not None else None
+            kind = task_type(len(rec.predicates), changed, reads_final_answer=info.reads_final_answer,
+                             compares_states=info.uses_initial and info.uses_final)
+            return kind, "the reference solution's final state" + (" changes" if changed else " keeps") + " the DB"
+        if goal.accepting:
+            writes = [e for e in goal.edits if e.kind != "answer"]
+            if not writes:
+                return "info_seeking", "the verifier accepts the initial database, given an answer"
+            return "state_mutating", (f"the verifier rejects the initial database and accepts it after {len(writes)} "
+                                      f"row edit(s) of {', '.join(sorted({e.table for e in writes}))}"
+                                      + ("" if rec.predicates else "; no predicate set agrees with it on every state "
+                                         "checked, so none is kept"))
+        writes = sorted({e.table for e in goal.partial if e.kind != "answer"})
+        if writes:
+            return "state_mutating", (f"no accepted state was found, but the verifier got further only after row "
+                                      f"edits of {', '.join(writes)} ({goal.reason})")
+        if goal.partial and info.reads_final_answer:
+            return "info_seeking", (f"its database checks pass on the untouched initial state and it got further only "
+                                    f"with an answer; no answer tried was accepted ({goal.reason})")
+        kind = task_type(0, None, reads_final_answer=info.reads_final_answer,
+                         compares_states=info.uses_initial and info.uses_final)
+        why = "reads the final answer and compares the two databases only to check nothing changed" \
+            if kind == "info_seeking" else "no edit of the initial state or the answer gets the verifier further"
+        return kind, f"{why} ({goal.reason})"
+
+
+def agree(predicates: list[Predicate], goal: GoalSearch, dropped: Counter[str]) -> tuple[list[Predicate], dict[str, Any]]:
+    """Keep the set only if Phi = 1 exactly on the states the verifier accepts, of all the search built.
+
+    A predicate unmet on an accepted state is too strict and is dropped; if Phi is still 1 on some
+    rejected state, the set misses a condition the verifier checks and none is kept.
+    """
+    accepted = [p for p, v in goal.checked if v == "complete"]
+    rejected = [p for p, v in goal.checked if v != "complete"]
+    if not accepted:  # nothing to check a set against: keep none
+        dropped["no_accepting_state"] += len(predicates)
+        return [], {"method": "verifier_states", "states_checked": len(goal.checked), "agrees": None,
+                    "verifier_runs": goal.runs, "reason": goal.reason}
+    kept = [p for p in predicates if all(evaluate(s, [p])[0] == 1.0 for s in accepted)]
+    dropped["false_on_accepted_state"] += len(predicates) - len(kept)
+    report = {"method": "verifier_states", "states_checked": len(goal.checked), "accepted": len(accepted),
+              "rejected": len(rejected), "verifier_runs": goal.runs, "edits": len(goal.edits),
+              "second_state_other_donors": goal.second_from_other_donors}
+    if not kept:
+        return [], {**report, "agrees": None}
+    wrong = [str(s.name) for s in rejected if phi(s, kept) == 1.0]
+    if wrong:
+        dropped["phi_1_on_rejected_state"] += len(kept)
+        return [], {**report, "agrees": False, "phi_1_on_rejected": len(wrong)}
+    return kept, {**report, "agrees": True}
 
 
 def coverage(records: list[TaskPredicates]) -> dict[str, Any]:
@@ -194,11 +268,12 @@ def coverage(records: list[TaskPredicates]) -> dict[str, Any]:
 
 
 async def build(data_dir: str | None, *, scenarios: list[str] | None = None, llm: Any = None,
-                runtime: EnvRuntime | None = None) -> list[TaskPredicates]:
-    """Predicates for every task with a verifier; replayed where reference solutions exist."""
+                runtime: EnvRuntime | None = None, use_solutions: bool = True) -> list[TaskPredicates]:
+    """Predicates for every task with a verifier: from reference replays where solutions exist (and
+    `use_solutions`), else from states the verifier accepts (`awm.predicates.goal_states`)."""
     data_dir = data_dir or str(bundled_data_dir())
     try:
-        solutions = load_solutions(data_dir)
+        solutions = load_solutions(data_dir) if use_solutions else {}
     except FileNotFoundError:
         solutions = {}
     own = runtime is None
@@ -247,7 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--data-dir", help="AWM-1K data directory (default: the bundled scenarios)")
     sp.add_argument("--scenario", action="append", help="only these scenarios (repeatable)")
     sp.add_argument("--out", required=True, help="predicates JSONL to write")
-    sp.add_argument("--llm", action="store_true", help="add LLM-proposed predicates (OPENAI_BASE_URL/_API_KEY/_MODEL)")
+    sp.add_argument("--llm", action="store_true", help="add LLM-proposed predicates (OPENAI_BASE_URL/_API_KEY/_MODEL); "
+                    "they are validated like the extracted ones")
+    sp.add_argument("--ignore-solutions", action="store_true",
+                    help="do not use reference_solutions.jsonl even if present: targets come from states the verifier "
+                         "accepts, as on AWM-1K (to measure that path on data that has solutions)")
     sp = sub.add_parser("coverage", help="print the coverage report of a predicates JSONL")
     sp.add_argument("predicates", help="predicates JSONL file")
     args = parser.parse_args(argv)
@@ -259,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.llm:
         from awm.llm import ChatClient
         llm = ChatClient(max_concurrency=4)
-    records = asyncio.run(build(args.data_dir, scenarios=args.scenario, llm=llm))
+    records = asyncio.run(build(args.data_dir, scenarios=args.scenario, llm=llm,
+                                use_solutions=not args.ignore_solutions))
     write_predicates(records, args.out)
     print(json.dumps(coverage(records), indent=1))
     return 0

@@ -38,7 +38,11 @@ CHECKS = {"exists", "not_exists", "count_eq", "count_gte", "value_eq", "rows_equ
 ROLES = {"progress", "preservation"}
 EPS = 1e-6
 VALUE_TOL = 1e-6
-_WHOLE_TABLE = re.compile(r"^\s*SELECT\s+\*\s+FROM\s+\"?([A-Za-z_][A-Za-z0-9_]*)\"?\s*;?\s*$", re.IGNORECASE)
+# A read of every row of one table (all columns or a plain column list, in any order): its changes are
+# compared row by row (`_table_diff`), as the verifier itself can only be comparing rows.
+_WHOLE_TABLE = re.compile(r"^\s*SELECT\s+(?:\*|[\w\"]+(?:\s*,\s*[\w\"]+)*)\s+FROM\s+\"?([A-Za-z_][A-Za-z0-9_]*)\"?"
+                          r"(?:\s+ORDER\s+BY\s+[\w\"]+(?:\s+(?:ASC|DESC))?(?:\s*,\s*[\w\"]+(?:\s+(?:ASC|DESC))?)*)?\s*;?\s*$",
+                          re.IGNORECASE)
 _SQL_START = re.compile(r"^\s*(SELECT|WITH)\b", re.IGNORECASE)
 
 
@@ -60,7 +64,7 @@ class Predicate:
     source: str = "trace"  # trace | table_diff | static_len | llm
     table: str | None = None
     executable: bool = True
-    replay: str = "ok"  # "ok" (held on two reference replays) | "unreplayed"
+    replay: str = "ok"  # "ok": held on two reference replays; "verifier_states": on states the verifier accepts
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,6 +108,8 @@ class TaskPredicates:
     verdict_reference: str | None = None
     verdict_wrong: str | None = None
     note: str = ""
+    evidence: str = ""  # what the task type rests on
+    validation: dict[str, Any] = field(default_factory=dict)  # how the kept predicates were checked
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -251,26 +257,38 @@ class _Builder:
         self.dropped[reason] += n
 
 
-def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: StaticInfo) -> None:
-    """Row-level predicates for a whole-table read that the reference solution changed."""
+def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: StaticInfo,
+                selected: list[str] | None = None, every_column: bool = False) -> None:
+    """Row-level predicates for a whole-table read that the final state changed.
+
+    Compared columns: the ones the read selects; for `SELECT *`, the ones the verifier names, else all.
+    """
     cols, pk, r0 = _table_rows(s0, table)
     if not pk:
         b.drop("table_without_primary_key")
         return
     _, _, ra = _table_rows(a, table)
     _, _, rb = _table_rows(bb, table)
-    named = [c for c in cols if c.lower() in info.columns and c not in pk]
-    checked = named or [c for c in cols if c not in pk]
+    if selected:
+        wanted = {s.strip('"').lower() for s in selected}
+        checked = [c for c in cols if c.lower() in wanted and c not in pk]
+    else:
+        named = [c for c in cols if c.lower() in info.columns and c not in pk and not every_column]
+        checked = named or [c for c in cols if c not in pk]
+    if len(pk) > 1 or (len(pk) == 1 and not _id_like(pk[0])):  # a link table's key is its content
+        checked = list(dict.fromkeys(pk + checked))
 
     def key_sql(k: tuple) -> str:
         return " AND ".join(_where(c, v) for c, v in zip(pk, k, strict=True))
 
     for k in sorted(ra.keys() - r0.keys(), key=repr):  # added rows: match on stable named columns
         stable = [c for c in checked if k in rb and rb[k].get(c) == ra[k][c]]
+        parts = [c for c in checked if k in rb and c not in stable and _part(ra[k][c], rb[k].get(c))]
         if not stable:
             b.drop("volatile")
             continue
-        cond = " AND ".join(_where(c, ra[k][c]) for c in stable)
+        cond = " AND ".join([_where(c, ra[k][c]) for c in stable]
+                            + [f'"{c}" LIKE {_lit(_like(_part(ra[k][c], rb[k][c]) or ""))} ESCAPE \'\\\'' for c in parts])
         b.add(sql=f'SELECT 1 FROM "{table}" WHERE {cond}', check="exists", expected=None, initial_value=0,
               source="table_diff", table=table)
     for k in sorted(r0.keys() - ra.keys(), key=repr):  # removed rows
@@ -281,8 +299,18 @@ def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: Stat
             v0, va = r0[k][c], ra[k][c]
             if v0 == va:
                 continue
-            if k not in rb or rb[k][c] != va:
-                b.drop("volatile")
+            if k not in rb or rb[k][c] != va:  # the two final states disagree: only what they share is a target
+                vb = rb[k][c] if k in rb else None
+                part = _part(va, vb)
+                if part:
+                    cond = f'"{c}" LIKE {_lit(_like(part))} ESCAPE \'\\\''
+                elif va is not None and vb is not None and k in rb:
+                    cond = f'"{c}" IS NOT NULL' if v0 is None else f'"{c}" IS NOT {_lit(v0)}'
+                else:
+                    b.drop("volatile")
+                    continue
+                b.add(sql=f'SELECT 1 FROM "{table}" WHERE {key_sql(k)} AND {cond}', check="exists", initial_value=0,
+                      source="table_diff", table=table)
                 continue
             sql = f'SELECT "{c}" FROM "{table}" WHERE {key_sql(k)}'
             if _is_number(v0) and _is_number(va) and not _id_like(c):
@@ -290,6 +318,57 @@ def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: Stat
                       source="table_diff", table=table)
             else:
                 b.add(sql=sql, check="value_eq", expected=va, initial_value=v0, source="table_diff", table=table)
+
+
+def _part(a: Any, b: Any) -> str | None:
+    """The shorter of two texts when the longer contains it (3+ characters): what both final states hold."""
+    if not (isinstance(a, str) and isinstance(b, str)) or a == b:
+        return None
+    short, long = sorted((a, b), key=len)
+    return short if len(short) >= 3 and short.lower() in long.lower() else None
+
+
+def _like(text: str) -> str:
+    """A LIKE pattern matching `text` anywhere (its own % _ and \\ escaped)."""
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _shared_rows(b: _Builder, sql: str, s0: Path, r0: list[tuple], ra: list[tuple], rb: list[tuple]) -> None:
+    """For a read whose rows differ between two accepted states: each row the states added, as far as
+    they agree on it (columns equal in both), must be in the read's result; rows both removed must not."""
+    names = _column_names(s0, sql)
+    if names is None or len(set(names)) != len(names):
+        b.drop("volatile")
+        return
+    sub = f"SELECT 1 FROM ({sql.rstrip().rstrip(';')}) AS awm_q WHERE "
+
+    def cond(row: tuple, cols: list[int]) -> str:
+        return " AND ".join(_where(names[i], row[i]).replace(f'"{names[i]}"', f'awm_q."{names[i]}"') for i in cols)
+
+    before = {tuple(r) for r in r0}
+    added_a = [r for r in ra if tuple(r) not in before]
+    added_b = [r for r in rb if tuple(r) not in before]
+    for row in added_a:
+        twin = max(added_b, key=lambda r: sum(x == y for x, y in zip(r, row, strict=False)), default=None)
+        cols = [i for i in range(len(row)) if twin is not None and i < len(twin) and twin[i] == row[i]]
+        if not cols:
+            b.drop("volatile")
+            continue
+        b.add(sql=sub + cond(row, cols), check="exists", initial_value=0)
+    after_a, after_b = {tuple(r) for r in ra}, {tuple(r) for r in rb}
+    for row in sorted(before - after_a - after_b, key=repr):
+        b.add(sql=sub + cond(row, list(range(len(row)))), check="not_exists", initial_value=1)
+
+
+def _column_names(db: Path, sql: str) -> list[str] | None:
+    conn = sqlite3.connect(f"file:{db.resolve()}?mode=ro", uri=True)
+    try:
+        cur = conn.execute(f"SELECT * FROM ({sql.rstrip().rstrip(';')}) LIMIT 0")
+        return [d[0] for d in cur.description]
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
 
 
 def _single_numeric(rows: list[tuple]) -> bool:
@@ -326,12 +405,15 @@ def _demanded(statement: dict[str, Any], info: StaticInfo) -> tuple[str, int] | 
     return None
 
 
-def extract(statements: list[dict[str, Any]], info: StaticInfo, s0: Path, a: Path | None,
-            b: Path | None) -> tuple[list[Predicate], Counter[str]]:
+def extract(statements: list[dict[str, Any]], info: StaticInfo, s0: Path, a: Path,
+            b: Path | None, *, built: bool = False) -> tuple[list[Predicate], Counter[str]]:
     """Candidate predicates from a traced run's final-DB statements (unvalidated; see `validate`).
 
-    With replays (a, b): targets come from the reference states. Without (a is None): only the
-    counts the verifier itself demands (`len(rows) != 1`) can name a target.
+    Targets come from the final states a and b: two replays of a reference solution, or (`built`) two
+    states the verifier accepts (`awm.predicates.goal_states`). Built states changed only what the
+    verifier needs and differ from each other exactly where it leaves values free, so every column of
+    a table read may be compared, and a read whose rows differ between them still yields the rows they
+    share; replays may change columns the verifier never reads, so there only the named ones count.
     """
     bld = _Builder()
     whole_tables: set[str] = set()
@@ -343,14 +425,6 @@ def extract(statements: list[dict[str, Any]], info: StaticInfo, s0: Path, a: Pat
         if r0 is None:
             bld.drop("not_executable_on_s0")
             continue
-        if a is None:
-            demanded = _demanded(st, info)
-            if demanded is None:
-                bld.drop("no_target_without_replay")
-            else:
-                bld.add(sql=sql, check=demanded[0], expected=demanded[1], initial_value=len(r0),
-                        source="trace+static_len", replay="unreplayed")
-            continue
         whole = _WHOLE_TABLE.match(sql)
         ra = _try_rows(a, sql)
         if ra is None:
@@ -359,9 +433,16 @@ def extract(statements: list[dict[str, Any]], info: StaticInfo, s0: Path, a: Pat
         if whole and rows_digest(r0) != rows_digest(ra):
             if whole.group(1) not in whole_tables:
                 whole_tables.add(whole.group(1))
-                _table_diff(bld, whole.group(1), s0, a, b or a, info)
+                listed = sql.split(None, 1)[1].rsplit(" FROM ", 1)[0] if " FROM " in sql else "*"
+                selected = None if listed.strip() == "*" else [c.strip() for c in listed.split(",")]
+                _table_diff(bld, whole.group(1), s0, a, b or a, info, selected, every_column=built)
             continue
-        _query(bld, sql, r0, ra, _try_rows(b, sql) if b else None, _demanded(st, info))
+        rb = _try_rows(b, sql) if b else None
+        if built and rb is not None and rows_digest(r0) != rows_digest(ra) and not (
+                _single_numeric(r0) and _single_numeric(ra) and rows_digest(ra) == rows_digest(rb)):
+            _shared_rows(bld, sql, s0, r0, ra, rb)  # row by row: an `exists` of any row would be too weak
+            continue
+        _query(bld, sql, r0, ra, rb, _demanded(st, info))
     return bld.candidates, bld.dropped
 
 

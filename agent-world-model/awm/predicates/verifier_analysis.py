@@ -28,9 +28,68 @@ _LEN_OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: "
 
 # Wrapper placed before the verifier's code. Its name comes first, so the sandbox calls it; it
 # patches sqlite3.connect inside the forked sandbox child only (the child is thrown away after).
-_TRACE_WRAPPER = '''def verify_traced_by_awm(initial_db_path, final_db_path, final_answer=None):
+# With `observe`, the verifier's code is rewritten (`observed_code`) to report its comparisons, truth
+# tests and keyed lookups through the `_awm_*` recorders below, in one log with the statements.
+_TRACE_WRAPPER = '''_awm_log = []
+
+
+def _awm_summary(value, depth=0):
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else repr(value)
+    if isinstance(value, str):
+        return value[:300]
+    if isinstance(value, (list, tuple, set, frozenset)) and (depth == 0 or len(value) <= 12):
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else list(value)
+        return {"seq": [_awm_summary(v, depth + 1) for v in items[:50]], "len": len(value)} if depth < 2 \
+            else {"type": type(value).__name__}
+    if isinstance(value, dict) and depth == 0:
+        pairs = list(value.items())[:50]
+        return {"keys": [_awm_summary(k, 1) for k, _ in pairs], "vals": [_awm_summary(v, 1) for _, v in pairs],
+                "len": len(value)}
+    return {"type": type(value).__name__}
+
+
+def _awm_add(entry):
+    if len(_awm_log) < 6000:
+        _awm_log.append(entry)
+
+
+_AWM_OPS = {
+    "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+    "is": lambda a, b: a is b, "is not": lambda a, b: a is not b,
+    "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
+}
+
+
+def _awm_cmp(site, op, left, right, flags):
+    result = _AWM_OPS[op](left, right)
+    _awm_add(["cmp", site, op, _awm_summary(left), _awm_summary(right), bool(result), flags])
+    return result
+
+
+def _awm_truth(site, value):
+    _awm_add(["truth", site, _awm_summary(value), bool(value)])
+    return value
+
+
+def _awm_get(site, obj, key, *default):
+    found = obj.get(key, *default)
+    if isinstance(obj, dict):
+        _awm_add(["lookup", site, _awm_summary(key), key in obj])
+    return found
+
+
+def _awm_item(site, obj, key):
+    if isinstance(obj, dict) and isinstance(key, (int, str)):
+        _awm_add(["lookup", site, _awm_summary(key), key in obj])
+    return obj[key]
+
+
+def verify_traced_by_awm(initial_db_path, final_db_path, final_answer=None):
     import sys as _sys
-    _trace = []
     _real_connect = sqlite3.connect
 
     def _role(database):
@@ -51,7 +110,7 @@ _TRACE_WRAPPER = '''def verify_traced_by_awm(initial_db_path, final_db_path, fin
                 if frame.f_code.co_filename == "<awm-verifier>":
                     lines.append(frame.f_lineno)
                 frame = frame.f_back
-            _trace.append({"role": role, "sql": statement, "lines": lines})
+            _awm_add({"role": role, "sql": statement, "lines": lines})
 
         conn.set_trace_callback(_record)
         return conn
@@ -64,10 +123,88 @@ _TRACE_WRAPPER = '''def verify_traced_by_awm(initial_db_path, final_db_path, fin
         value, error = None, repr(exc)[:300]
     finally:
         sqlite3.connect = _real_connect
-    return {"value": value, "error": error, "trace": _trace[:2000]}
+    return {"value": value, "error": error, "trace": _awm_log}
 
 
 '''
+_CMP_OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
+            ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
+
+
+class _Observer(ast.NodeTransformer):
+    """Rewrites comparisons, truth tests and keyed lookups into calls of the `_awm_*` recorders.
+
+    Each rewritten node keeps its meaning (operands evaluated once, left to right); `site` numbers the
+    node so a search can tell how far into the verifier a run got. Chained comparisons stay as they are.
+    """
+
+    def __init__(self) -> None:
+        self.sites = 0
+
+    def _site(self) -> ast.Constant:
+        self.sites += 1
+        return ast.Constant(self.sites)
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        if len(node.ops) != 1 or type(node.ops[0]) not in _CMP_OPS:
+            return node
+        flags = "".join(("L" if _is_len(node.left) else "", "R" if _is_len(node.comparators[0]) else ""))
+        return ast.copy_location(ast.Call(ast.Name("_awm_cmp", ast.Load()), [
+            self._site(), ast.Constant(_CMP_OPS[type(node.ops[0])]), node.left, node.comparators[0],
+            ast.Constant(flags)], []), node)
+
+    def _truth(self, test: ast.expr) -> ast.expr:
+        if isinstance(test, ast.Compare | ast.BoolOp | ast.Constant) or (
+                isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id.startswith("_awm_")):
+            return test
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test.operand = self._truth(test.operand)
+            return test
+        return ast.copy_location(ast.Call(ast.Name("_awm_truth", ast.Load()), [self._site(), test], []), test)
+
+    def visit_If(self, node: ast.If) -> ast.AST:
+        self.generic_visit(node)
+        node.test = self._truth(node.test)
+        return node
+
+    visit_While = visit_If
+
+    def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
+        self.generic_visit(node)
+        node.test = self._truth(node.test)
+        return node
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
+        self.generic_visit(node)
+        node.values = [self._truth(v) for v in node.values]
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        f = node.func
+        if (isinstance(f, ast.Attribute) and f.attr == "get" and 1 <= len(node.args) <= 2 and not node.keywords
+                and not any(isinstance(a, ast.Starred) for a in node.args)):
+            return ast.copy_location(ast.Call(ast.Name("_awm_get", ast.Load()),
+                                              [self._site(), f.value, *node.args], []), node)
+        return node
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        self.generic_visit(node)
+        if (isinstance(node.ctx, ast.Load) and not isinstance(node.slice, ast.Slice | ast.Constant | ast.Tuple)):
+            return ast.copy_location(ast.Call(ast.Name("_awm_item", ast.Load()),
+                                              [self._site(), node.value, node.slice], []), node)
+        return node
+
+
+def _is_len(node: ast.expr) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len"
+
+
+def observed_code(code: str) -> str:
+    """The verifier's code rewritten to report what it compares (see `_Observer`); raises SyntaxError."""
+    tree = _Observer().visit(ast.parse(code))
+    return ast.unparse(ast.fix_missing_locations(tree))
 
 
 @dataclass
@@ -199,24 +336,42 @@ class Trace:
     error: str
     statements: list[dict[str, Any]]  # {role, sql, lines} with lines relative to the verifier's own code
     status: str = "ok"
+    events: list[Any] = field(default_factory=list)  # with observe: statements and recorder entries, in order
 
 
 def traced_run(sandbox: VerifierSandbox, code: str, initial_db: str, final_db: str, *,
-               final_answer: str | None = None, timeout_s: float = 20.0) -> Trace:
-    """Run the verifier in the sandbox with every SQLite statement it executes recorded."""
+               final_answer: str | None = None, timeout_s: float = 20.0, observe: bool = False) -> Trace:
+    """Run the verifier in the sandbox with every SQLite statement it executes recorded.
+
+    `observe`: run `observed_code(code)` instead, so `events` also holds its comparisons, truth tests
+    and lookups (line numbers then refer to the rewritten code). The log is the verifier's output, so
+    it is read as untrusted data: entries of the wrong shape are dropped.
+    """
     target = verify_function_name(code)
     if target is None:
         return Trace(None, "the verifier code defines no top-level verify_* function", [], "error")
+    if observe:
+        try:
+            code = observed_code(code)
+        except (SyntaxError, ValueError, RecursionError) as exc:
+            return Trace(None, f"the verifier code cannot be rewritten: {exc}", [], "error")
     wrapper = _TRACE_WRAPPER.replace("__TARGET__", target)
     offset = wrapper.count("\n")
     run = sandbox.run(wrapper + code, initial_db, final_db, final_answer=final_answer, timeout_s=timeout_s)
     if run.status != "ok" or not isinstance(run.value, dict):
         return Trace(None, run.detail or f"sandbox status {run.status}", [], run.status)
-    statements = []
-    for st in run.value.get("trace") or []:
-        lines = [n - offset for n in st.get("lines", []) if n > offset]
-        statements.append({"role": st.get("role"), "sql": st.get("sql", ""), "lines": lines})
-    return Trace(run.value.get("value"), run.value.get("error", ""), statements)
+    statements, events = [], []
+    log = run.value.get("trace")
+    for st in log if isinstance(log, list) else []:
+        if isinstance(st, dict) and isinstance(st.get("sql"), str):
+            lines = [n - offset for n in st.get("lines") or [] if isinstance(n, int) and n > offset]
+            statement = {"role": st.get("role"), "sql": st["sql"], "lines": lines}
+            statements.append(statement)
+            events.append(statement)
+        elif isinstance(st, list) and st and st[0] in ("cmp", "truth", "lookup"):
+            events.append(st)
+    error = run.value.get("error")
+    return Trace(run.value.get("value"), error if isinstance(error, str) else "", statements, events=events)
 
 
 def variables_of(statement: dict[str, Any], info: StaticInfo) -> list[str]:

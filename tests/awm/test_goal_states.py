@@ -1,0 +1,171 @@
+"""Predicates without reference solutions: the SQL reader, the observed verifier, the goal-state search, and
+predicates built that way checked against the bundled solutions they never saw."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from awm.data import bundled_data_dir
+from awm.episode import EnvRuntime
+from awm.llm import ChatClient
+from awm.predicates.build import _final_state, build
+from awm.predicates.goal_states import search
+from awm.predicates.predicate import phi
+from awm.predicates.sql_shape import parse
+from awm.predicates.verifier_analysis import observed_code, traced_run
+from awm.solutions import load_solutions
+from awm.verifier import VerifierSandbox
+from fake_llm import FakeOpenAI
+
+COLUMNS = {"cart_items": ["id", "cart_id", "product_offer_id", "quantity"], "carts": ["id", "user_id", "status"],
+           "orders": ["id", "user_id", "status", "total"]}
+
+
+def test_sql_shape_reads_the_verifier_query_forms():
+    s = parse("SELECT ci.id, ci.quantity FROM cart_items ci JOIN carts c ON ci.cart_id = c.id "
+              "WHERE c.user_id = 1 AND c.status IN ('active', 'open') ORDER BY ci.id", COLUMNS)
+    assert s.tables == {"ci": "cart_items", "c": "carts"} and s.main == "ci"
+    assert s.items == [("ci", "id"), ("ci", "quantity")]
+    assert [c.link for c in s.conjuncts if c.link] == [("ci", "cart_id", "c", "id")]
+    assert s.equalities("c") == {"user_id": 1, "status": "active"}
+    assert s.with_rowids().startswith('SELECT "ci".rowid, "c".rowid, ci.id')
+    s = parse("SELECT id, total FROM orders WHERE LOWER(status) = 'placed' AND user_id IS NULL", COLUMNS)
+    assert not s.grouped  # a column named `total` is not the aggregate
+    assert s.equalities("orders") == {"status": "placed", "user_id": None}
+    assert parse("SELECT COUNT(*) FROM orders WHERE status = 'x' OR id = 1", COLUMNS).grouped
+    assert parse("SELECT * FROM orders WHERE status = 'x' OR id = 1", COLUMNS).equalities("orders") == {}
+    for unsupported in ("SELECT id FROM orders UNION SELECT id FROM carts", "SELECT x FROM (SELECT 1 AS x)",
+                        "WITH t AS (SELECT 1) SELECT * FROM t", "SELECT 'unterminated FROM orders"):
+        assert parse(unsupported, COLUMNS) is None
+
+
+def _excerpt_verifiers(excerpt_dir: Path) -> list[str]:
+    return [json.loads(line)["verification"]["code"]
+            for line in (excerpt_dir / "gen_verifier.pure_code.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_the_observed_verifier_decides_as_the_verifier_does(excerpt_dir, cache_dir):
+    """Rewriting comparisons into recorders changes no verdict (60 bundled verifiers + 3 AWM-1K ones)."""
+    with EnvRuntime(cache_dir=cache_dir, num_workers=1) as rt:
+        sandbox = rt.sandbox()
+        cases = []
+        for scenario, idx in rt.dataset.task_keys():
+            s0, _ = rt.template(scenario)
+            cases.append((rt.dataset.verifier(scenario, idx).code, s0))
+        for code, s0 in cases:
+            plain = sandbox.verify(code, str(s0), str(s0), "an answer", 10.0).verdict
+            observed = traced_run(sandbox, code, str(s0), str(s0), final_answer="an answer", observe=True)
+            assert observed.status == "ok" and observed.value.get("result", "others") == plain
+            assert any(isinstance(e, list) for e in observed.events)  # it reported what it compared
+    for code in _excerpt_verifiers(excerpt_dir):
+        compile(observed_code(code), "<observed>", "exec")
+
+
+HOSTILE = {
+    "forges_its_log": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    import sqlite3
+    log = globals()["_awm_log"]
+    log.extend([["cmp", 1, "==", {"seq": "x"}, None, True, 5], {"sql": 7}, ["truth"], "junk", ["lookup", 2, [1], 0]])
+    log.extend([["cmp", 9, "in", "x", {"keys": [[1]], "vals": 3, "len": "n"}, False, ""]] * 50)
+    sqlite3.connect(final_db_path).execute("SELECT * FROM notes").fetchall()
+    return {"result": "others"}
+''',
+    "loops_forever": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    while True:
+        pass
+''',
+    "raises": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    raise RuntimeError("broken verifier")
+''',
+    "accepts_anything": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    return {"result": "complete"}
+''',
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_verifiers_get_a_reason_not_a_crash(name, tmp_path):
+    import sqlite3
+
+    s0 = tmp_path / "s0.db"
+    conn = sqlite3.connect(s0)
+    conn.executescript("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes VALUES (1, 'a');")
+    conn.close()
+    before = s0.read_bytes()
+    with VerifierSandbox() as sandbox:
+        result = search(sandbox, HOSTILE[name], s0, tmp_path / "goal", max_runs=20)
+    assert s0.read_bytes() == before  # the search works on copies
+    if name == "accepts_anything":
+        assert result.accepting and result.edits == []  # nothing to do: no progress predicate can come of it
+    else:
+        assert not result.accepting and result.reason and result.runs <= 20
+
+
+def _copy_without_solutions(dest: Path) -> Path:
+    shutil.copytree(bundled_data_dir(), dest)
+    (dest / "reference_solutions.jsonl").unlink()
+    (dest / "tool_probes.jsonl").unlink(missing_ok=True)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Two bundled scenarios built as AWM-1K would be (no solutions), with a scripted LLM adding one good and
+    one bad predicate to a task; then the held-out reference and wrong solutions replayed."""
+    root = tmp_path_factory.mktemp("nosol")
+    data = _copy_without_solutions(root / "data")
+    fake = FakeOpenAI()
+    good = {"sql": "SELECT 1 FROM copies WHERE id = 1 AND status = 'on_loan'", "check": "exists", "expected": None}
+    bad = {"sql": "SELECT 1 FROM copies WHERE id = 1 AND status = 'lost'", "check": "exists", "expected": None}
+    fake.script("Project Hail Mary", replies=[json.dumps([good, bad])])
+    fake.script("Task:", replies=["[]"])
+
+    async def run():
+        llm = ChatClient(base_url=fake.base_url, model="fake", retries=0)
+        with EnvRuntime(str(data), cache_dir=root / "cache", num_workers=1) as rt:
+            records = await build(str(data), scenarios=["library_lending_1", "online_grocery_1"], llm=llm, runtime=rt)
+        checks = []
+        sols = load_solutions(str(bundled_data_dir()))
+        with EnvRuntime(cache_dir=root / "cache2", num_workers=1) as rt:
+            for r in records:
+                sol = sols[(r.scenario, r.task_idx)]
+                for name, calls, answer in (("reference", sol.calls, sol.final_answer),
+                                            ("wrong", sol.wrong_calls, sol.wrong_final_answer)):
+                    dest = root / f"{r.scenario}-{r.task_idx}-{name}.db"
+                    verdict = await _final_state(rt, r.scenario, r.task_idx, calls, answer, dest)
+                    checks.append((r, sol.task_type, name, verdict, phi(dest, r.predicates)))
+        return records, checks
+
+    try:
+        yield asyncio.run(run())
+    finally:
+        fake.close()
+
+
+def test_predicates_built_without_solutions_hold_on_the_solutions_they_never_saw(built):
+    records, checks = built
+    mutating = {(r.scenario, r.task_idx) for r, t, *_ in checks if t == "state_mutating"}
+    covered = {(r.scenario, r.task_idx) for r in records if r.predicates}
+    assert covered <= mutating and len(covered) >= 0.8 * len(mutating)
+    for r, true_type, name, verdict, value in checks:
+        assert r.task_type in (true_type, "ambiguous"), (r.scenario, r.task_idx, r.evidence)
+        assert r.evidence
+        if r.predicates and name == "reference":
+            assert verdict == "complete" and value == 1.0, (r.scenario, r.task_idx)
+        if r.predicates and name == "wrong" and verdict != "complete":
+            assert value < 1.0, (r.scenario, r.task_idx)
+    for r in records:
+        if r.predicates:
+            assert r.validation["method"] == "verifier_states" and r.validation["agrees"] is True
+
+
+def test_llm_predicates_are_validated_on_the_built_states(built):
+    records, _ = built
+    r = next(r for r in records if r.scenario == "library_lending_1" and r.task_idx == 3)
+    llm = [p for p in r.predicates if p.source == "llm"]
+    assert [p.sql for p in llm] == ["SELECT 1 FROM copies WHERE id = 1 AND status = 'on_loan'"]
+    assert llm[0].replay == "verifier_states" and r.dropped.get("false_on_reference", 0) >= 1
