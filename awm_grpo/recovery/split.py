@@ -17,9 +17,10 @@ damaged intermediate state is
                                 its damaging call. The calls are replayed on a fresh episode and judged by
                                 the predicates file given now (never by Phi values the trace recorded): the
                                 first write (tool label not "read") that returned an explicit tool error,
-                                lowered Phi, or broke a preservation predicate (`--unproductive-writes`:
-                                else its first write after its last progress that changed rows without
-                                raising Phi, if the verifier rejects its replayed end state). Episodes
+                                lowered Phi, or broke a preservation predicate, else (unless
+                                `--strict-damage`; `unproductive_writes` in `build`) its first write after
+                                its last progress that changed rows without raising Phi, if the verifier
+                                rejects its replayed end state. Episodes
                                 without one, of tasks that are not state-mutating, or of scenarios without
                                 environment code give no handover; the manifest counts them by reason.
                                 `--episodes-only` leaves out the wrong writes where solutions exist.
@@ -580,10 +581,12 @@ def main(argv: list[str] | None = None) -> int:
                    "damaging write")
     b.add_argument("--episodes-only", action="store_true",
                    help="only recorded episodes, even where the data ships reference solutions")
-    b.add_argument("--unproductive-writes", action="store_true",
-                   help="an episode without such a write: its first write after its last progress that "
-                   "changed rows without raising Phi, when the verifier rejects the episode's replayed end "
-                   "state")
+    b.add_argument("--strict-damage", action="store_true",
+                   help="only writes that failed, lowered Phi or broke a preservation predicate are damage; by "
+                   "default an episode without one also hands over at its first write after its last progress "
+                   "that changed rows without raising Phi, when the verifier rejects its replayed end state (a "
+                   "wrong write on rows the predicates do not watch)")
+    b.add_argument("--unproductive-writes", action="store_true", help=argparse.SUPPRESS)  # the default now
     b.add_argument("--max-per-task", type=int, default=2,
                    help="handovers per task from each source: wrong writes, recorded episodes (default 2)")
     b.add_argument("--max-observation-chars", type=int, default=2000)
@@ -607,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
                                          episodes=args.episodes, max_per_task=args.max_per_task,
                                          max_chars=args.max_observation_chars,
                                          episodes_only=args.episodes_only,
-                                         unproductive_writes=args.unproductive_writes))
+                                         unproductive_writes=not args.strict_damage))
         except (TraceFormatError, FileNotFoundError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -250,6 +250,7 @@ def test_without_solutions_or_episodes_the_split_is_empty_and_says_what_to_pass(
     assert (out / "split.jsonl").read_text() == ""
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["handovers"] == 0 and manifest["reference_solutions"] is False
+    assert manifest["unproductive_writes"] is True  # the command's default (--strict-damage turns it off)
     assert manifest["no_handover"][f"{SCENARIO}#3"] == "no reference solution and no recorded episode"
     assert manifest["no_handover_reasons"]["no reference solution and no recorded episode"] == 7
 
