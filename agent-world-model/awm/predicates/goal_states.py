@@ -426,6 +426,9 @@ class _Search:
             if left is None and right is not None and op in ("==", "!=", "is", "is not"):
                 for sql in recent[:2]:  # a value looked up in rows that do not exist yet
                     props += self._inserts(sql, state, 1, key_value=right, like=[right])
+            for sql in recent[:2]:  # SELECT COUNT(*) ...: the number compared is a row count
+                if isinstance(left, int) and not isinstance(left, bool) and self._counted(sql, state) == left:
+                    props += self._count_change(left, op, right, bool(result), [sql], state)
             return props
         if op in ("==", "!=") and (op == "==") != bool(result):  # want two collections equal
             props += self._make_equal(left, right, cells, recent, state)
@@ -456,10 +459,12 @@ class _Search:
                 if parts:
                     out.append(parts)
             if len(sa) == len(sb) and len(sa) > 1 and all(_scalar(x) for x in sa):  # two rows as tuples
+                diffs = [(x, y) for x, y in zip(sa, sb, strict=True) if not _same(x, y) and _scalar(y)]
                 for row in cells.best_rows(sa):
-                    for x, y in zip(sa, sb, strict=True):
-                        if not _same(x, y) and _scalar(y):
-                            out += cells.updates(x, [y], rows={row})
+                    if len(diffs) > 1:  # every differing position at once, columns matched by value
+                        out += cells.assignments(row, diffs)
+                    for x, y in diffs:
+                        out += cells.updates(x, [y], rows={row})
             missing = [y for y in sb if _scalar(y) and not any(_same(y, x) for x in sa)]
             extra = [x for x in sa if _scalar(x) and not any(_same(y, x) for y in sb)]
             options = [self._change_row(key, cells) for key in missing[:3]]
@@ -540,6 +545,14 @@ class _Search:
                     if not _same(v, current):
                         out.append([Edit("update", table, {col: v}, rowid=rowid, why=f"change {table} row {key}")])
         return out
+
+    def _counted(self, sql: str, state: Path) -> int | None:
+        """The value of a `SELECT COUNT(...) FROM ...` on the state (None for any other query)."""
+        shape = self.shape(sql)
+        if shape is None or not re.match(r"\s*SELECT\s+COUNT\s*\(", sql, re.IGNORECASE):
+            return None
+        rows = _ro_rows(state, sql)
+        return rows[0][0] if rows and len(rows) == 1 and isinstance(rows[0][0], int) else None
 
     def _answers(self, reads: list[str], edits: list[Edit]) -> list[list[Edit]]:
         """Answers that mention what the verifier last read from the initial DB (info-seeking tasks)."""
@@ -713,6 +726,22 @@ class _Cells:
                 counts[(table, rowid)] = counts.get((table, rowid), 0) + 1
         ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: touched rows stay first on ties
         return [row for row, n in ranked[:k] if n * 2 >= len(values)]
+
+    def assignments(self, row: tuple[str, int], diffs: list[tuple[Any, Any]], cap: int = 12) -> list[list[Edit]]:
+        """One update per way of giving each (have, want) pair its own column of `row` holding `have`."""
+        import itertools
+
+        table, rowid = row
+        cols = [c for _, t, c, r, _ in self.cells if (t, r) == row]
+        options = [[c for c in dict.fromkeys(cols) if _same(self.value(table, rowid, c), x)] for x, _ in diffs]
+        out: list[list[Edit]] = []
+        for combo in itertools.product(*options):
+            if len(set(combo)) == len(combo):
+                values = {c: self.search.canon(y) for c, (_, y) in zip(combo, diffs, strict=True)}
+                out.append([Edit("update", table, values, rowid=rowid, why=f"{table} row {rowid}: {values}")])
+            if len(out) >= cap:
+                break
+        return out
 
     def exact_row(self, values: list[Any], sql: str) -> tuple[str, int] | None:
         """A row of `sql`'s result whose first output columns equal `values` (a row tuple the verifier built)."""
