@@ -12,7 +12,7 @@ import pytest
 from awm.data import bundled_data_dir
 from awm.episode import EnvRuntime
 from awm.llm import ChatClient
-from awm.predicates.build import _final_state, build
+from awm.predicates.build import _final_state, build, main
 from awm.predicates.goal_states import search
 from awm.predicates.predicate import phi
 from awm.predicates.sql_shape import parse
@@ -124,12 +124,25 @@ def built(tmp_path_factory):
     fake.script("Project Hail Mary", replies=[json.dumps([good, bad])])
     fake.script("Task:", replies=["[]"])
 
+    sols = load_solutions(str(bundled_data_dir()))
+    episodes = root / "episodes.jsonl"  # the wrong solutions as recorded episodes: one plain, one trace-shaped
+    lines = []
+    for (scenario, idx), sol in sorted(sols.items()):
+        if scenario == "library_lending_1":
+            lines.append({"scenario": scenario, "task_idx": idx, "calls": sol.wrong_calls,
+                          "final_answer": sol.wrong_final_answer})
+        elif scenario == "online_grocery_1":
+            lines.append({"scenario": scenario, "task_idx": idx, "infra_error": None, "final_answer": None,
+                          "turns": [{"calls": [{"name": c["tool"], "arguments": c["arguments"], "is_error": False}]}
+                                    for c in sol.wrong_calls]})
+    episodes.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
     async def run():
         llm = ChatClient(base_url=fake.base_url, model="fake", retries=0)
         with EnvRuntime(str(data), cache_dir=root / "cache", num_workers=1) as rt:
-            records = await build(str(data), scenarios=["library_lending_1", "online_grocery_1"], llm=llm, runtime=rt)
+            records = await build(str(data), scenarios=["library_lending_1", "online_grocery_1"], llm=llm, runtime=rt,
+                                  episodes=[str(episodes)])
         checks = []
-        sols = load_solutions(str(bundled_data_dir()))
         with EnvRuntime(cache_dir=root / "cache2", num_workers=1) as rt:
             for r in records:
                 sol = sols[(r.scenario, r.task_idx)]
@@ -169,3 +182,14 @@ def test_llm_predicates_are_validated_on_the_built_states(built):
     llm = [p for p in r.predicates if p.source == "llm"]
     assert [p.sql for p in llm] == ["SELECT 1 FROM copies WHERE id = 1 AND status = 'on_loan'"]
     assert llm[0].replay == "verifier_states" and r.dropped.get("false_on_reference", 0) >= 1
+
+
+def test_recorded_episodes_are_states_the_set_is_checked_on(built, tmp_path, capsys):
+    records, checks = built
+    for r in records:
+        if r.predicates:
+            assert r.validation["recorded_episodes"] >= 1 and r.validation["agrees"] is True
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"scenario": "library_lending_1", "task_idx": 0, "calls": []}\n{"turns": 5}\n')
+    assert main(["build", "--scenario", "library_lending_1", "--episodes", str(bad), "--out", str(tmp_path / "p")]) == 2
+    assert "bad.jsonl:2: not an episode record" in capsys.readouterr().err

@@ -1,15 +1,16 @@
 """Build and report the executable intermediate predicates of every task (docs/recovery-method.md, Predicates).
 
-    awm predicates build [--data-dir D] --out predicates.jsonl [--llm]      (or python -m awm.predicates)
-    awm predicates coverage predicates.jsonl
+    awm predicates build [--data-dir D] --out predicates.jsonl [--llm] [--ignore-solutions] [--episodes T]
+    awm predicates coverage predicates.jsonl                                  (or python -m awm.predicates)
 
 Per task: the verifier's source is analysed (`awm.predicates.verifier_analysis.analyse`), the verifier runs
-traced in the sandbox on (s0, reference final state), its final-DB statements become candidates
-(`awm.predicates.predicate.extract`), and candidates are kept only when executable on s0 and met on two
-independent replays of the reference solution (run at different times, so clock-dependent values
-are caught). Candidates met on s0 are kept apart as preservation predicates. Where no reference
-solution exists (AWM-1K proper, the excerpt), the verifier is traced on (s0, s0) and only the
-counts it demands yield predicates; those are marked `replay: "unreplayed"`.
+traced in the sandbox on (s0, A), its final-DB statements become candidates (`awm.predicates.predicate.extract`),
+and candidates are kept only when executable on s0 and met on A and B. A and B are two replays of the
+reference solution run at different times where one exists (so clock-dependent values are caught); else
+(AWM-1K) two final states the verifier itself accepts (`awm.predicates.goal_states`), and then the set is
+kept only if Phi = 1 exactly on the accepted ones of every state the search built and every recorded
+episode's final state (`--episodes`). Candidates met on s0 are kept apart as preservation predicates.
+Each record says how it was validated (`validation`) and what its task type rests on (`evidence`).
 
 `--llm` asks an OpenAI-compatible endpoint (`awm.llm.ChatClient`: OPENAI_BASE_URL, OPENAI_API_KEY,
 OPENAI_MODEL) for extra predicates; they pass through the same validation, never around it.
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import json_repair
+from tqdm import tqdm
 
 from awm.data import AWMDataset, bundled_data_dir
 from awm.database import backup, state_hash
@@ -90,12 +92,62 @@ async def _llm_candidates(client: Any, task: str, schema: str, code: str) -> lis
     return out
 
 
+MAX_EPISODES_PER_TASK = 8
+
+
+def load_episodes(paths: list[str]) -> dict[tuple[str, int], list[tuple[list[dict[str, Any]], str | None]]]:
+    """Recorded episodes as (calls, final answer) per task, to check predicates on the states they reach.
+
+    A line is either a trace record of training or evaluation (`turns` with their `calls`) or a plain
+    {"scenario", "task_idx", "calls": [{"tool", "arguments"}], "final_answer"} record. Infrastructure
+    failures are skipped; a line of another shape raises ValueError naming the file and line.
+    """
+    out: dict[tuple[str, int], list[tuple[list[dict[str, Any]], str | None]]] = {}
+    for path in paths:
+        for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                key = (str(rec["scenario"]), int(rec["task_idx"]))
+                if rec.get("infra_error"):
+                    continue
+                if "calls" in rec:
+                    calls = [{"tool": str(c["tool"]), "arguments": dict(c.get("arguments") or {})} for c in rec["calls"]]
+                else:
+                    calls = [{"tool": str(c["name"]), "arguments": dict(c.get("arguments") or {})}
+                             for turn in rec["turns"] for c in turn.get("calls") or []
+                             if "name" in c and c["name"] not in ("list_tools", "call_tool")]
+                answer = rec.get("final_answer")
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ValueError(f"{path}:{n}: not an episode record ({type(exc).__name__}: {exc}); pass trace "
+                                 "files of training (traces/rollout_*.jsonl) or awm_grpo.eval --out, or "
+                                 "{scenario, task_idx, calls, final_answer} lines") from None
+            out.setdefault(key, []).append((calls, answer if isinstance(answer, str) else None))
+    return out
+
+
 class PredicateBuilder:
     """Builds `TaskPredicates` for the tasks of one data directory."""
 
     def __init__(self, runtime: EnvRuntime, solutions: dict[tuple[str, int], Solution] | None,
-                 workdir: Path, llm: Any = None) -> None:
+                 workdir: Path, llm: Any = None, episodes: dict[tuple[str, int], list] | None = None) -> None:
         self.runtime, self.solutions, self.workdir, self.llm = runtime, solutions or {}, workdir, llm
+        self.episodes = episodes or {}
+
+    async def _episode_states(self, scenario: str, idx: int) -> list[tuple[Path, str]]:
+        """The final states of the task's recorded episodes, each with the verifier's verdict."""
+        out = []
+        for n, (calls, answer) in enumerate(self.episodes.get((scenario, idx), [])[:MAX_EPISODES_PER_TASK]):
+            dest = self.workdir / f"{scenario}-{idx}-episode{n}.db"
+            try:
+                verdict = await _final_state(self.runtime, scenario, idx, calls, answer, dest)
+            except Exception as exc:  # an episode that cannot be replayed checks nothing
+                log.warning("recorded episode %d of %s/%d does not replay: %s", n, scenario, idx, exc)
+                continue
+            if verdict in ("complete", "others"):
+                out.append((dest, verdict))
+        return out
 
     async def build_scenario(self, scenario: str, task_ids: list[int]) -> list[TaskPredicates]:
         s0, _ = self.runtime.template(scenario)
@@ -134,8 +186,13 @@ class PredicateBuilder:
         if st is not None:
             a, b = st["a"], st["b"]
         else:  # no reference solution: states the verifier itself accepts (awm.predicates.goal_states)
-            goal = await asyncio.to_thread(search_goal_states, self.runtime.sandbox(), row.code, s0,
-                                           self.workdir / f"{scenario}-{idx}-goal", task=row.task)
+            try:
+                goal = await asyncio.to_thread(search_goal_states, self.runtime.sandbox(), row.code, s0,
+                                               self.workdir / f"{scenario}-{idx}-goal", task=row.task)
+            except Exception as exc:  # a defect of the search loses this task, not the build
+                log.exception("goal-state search failed for %s/%d", scenario, idx)
+                rec.note = f"goal-state search failed: {type(exc).__name__}: {exc}"[:300]
+                return rec
             a, b = (goal.accepting[0], goal.accepting[1]) if goal.accepting else (None, None)
             answer = goal.answer
         trace = await asyncio.to_thread(traced_run, self.runtime.sandbox(), row.code, str(s0), str(a or s0),
@@ -148,12 +205,16 @@ class PredicateBuilder:
         if self.llm is not None:
             candidates += await self._llm(scenario, row, "ok" if st is not None else "verifier_states")
         rec.predicates, rec.preservation = validate(candidates, s0, a, b, dropped)
+        recorded = await self._episode_states(scenario, idx) if self.episodes else []
         if goal is not None:
             for p in rec.predicates + rec.preservation:
                 p.replay = "verifier_states"
-            rec.predicates, rec.validation = agree(rec.predicates, goal, dropped)
-        else:
-            rec.validation = {"method": "reference_replay", "states_checked": 3}
+            rec.predicates, rec.validation = agree(rec.predicates, goal, dropped, recorded)
+        else:  # replayed sets are kept as before; recorded episodes are reported against them
+            rec.validation = {"method": "reference_replay", "states_checked": 3 + len(recorded),
+                              "recorded_episodes": len(recorded),
+                              "recorded_disagree": sum((phi(s, rec.predicates) == 1.0) != (v == "complete")
+                                                       for s, v in recorded) if rec.predicates else 0}
         rec.dropped = dict(dropped)
         rec.task_type, rec.evidence = self._type(rec, info, s0, a, goal)
         rec.phi_initial = phi(s0, rec.predicates)
@@ -206,22 +267,26 @@ class PredicateBuilder:
         return kind, f"{why} ({goal.reason})"
 
 
-def agree(predicates: list[Predicate], goal: GoalSearch, dropped: Counter[str]) -> tuple[list[Predicate], dict[str, Any]]:
-    """Keep the set only if Phi = 1 exactly on the states the verifier accepts, of all the search built.
+def agree(predicates: list[Predicate], goal: GoalSearch, dropped: Counter[str],
+          recorded: list[tuple[Path, str]] = ()) -> tuple[list[Predicate], dict[str, Any]]:
+    """Keep the set only if Phi = 1 exactly on the states the verifier accepts, of all the search built
+    and all the recorded episodes reached.
 
     A predicate unmet on an accepted state is too strict and is dropped; if Phi is still 1 on some
     rejected state, the set misses a condition the verifier checks and none is kept.
     """
-    accepted = [p for p, v in goal.checked if v == "complete"]
-    rejected = [p for p, v in goal.checked if v != "complete"]
-    if not accepted:  # nothing to check a set against: keep none
+    checked = list(goal.checked) + list(recorded)
+    accepted = [p for p, v in checked if v == "complete"]
+    rejected = [p for p, v in checked if v != "complete"]
+    if not goal.accepting:  # nothing to take targets from or check a set against: keep none
         dropped["no_accepting_state"] += len(predicates)
-        return [], {"method": "verifier_states", "states_checked": len(goal.checked), "agrees": None,
+        return [], {"method": "verifier_states", "states_checked": len(checked), "agrees": None,
                     "verifier_runs": goal.runs, "reason": goal.reason}
     kept = [p for p in predicates if all(evaluate(s, [p])[0] == 1.0 for s in accepted)]
     dropped["false_on_accepted_state"] += len(predicates) - len(kept)
-    report = {"method": "verifier_states", "states_checked": len(goal.checked), "accepted": len(accepted),
-              "rejected": len(rejected), "verifier_runs": goal.runs, "edits": len(goal.edits),
+    report = {"method": "verifier_states", "states_checked": len(checked), "accepted": len(accepted),
+              "rejected": len(rejected), "recorded_episodes": len(recorded), "verifier_runs": goal.runs,
+              "edits": len(goal.edits), "free_columns": goal.free_columns,
               "second_state_other_donors": goal.second_from_other_donors}
     if not kept:
         return [], {**report, "agrees": None}
@@ -268,7 +333,8 @@ def coverage(records: list[TaskPredicates]) -> dict[str, Any]:
 
 
 async def build(data_dir: str | None, *, scenarios: list[str] | None = None, llm: Any = None,
-                runtime: EnvRuntime | None = None, use_solutions: bool = True) -> list[TaskPredicates]:
+                runtime: EnvRuntime | None = None, use_solutions: bool = True,
+                progress: bool = False, episodes: list[str] | None = None) -> list[TaskPredicates]:
     """Predicates for every task with a verifier: from reference replays where solutions exist (and
     `use_solutions`), else from states the verifier accepts (`awm.predicates.goal_states`)."""
     data_dir = data_dir or str(bundled_data_dir())
@@ -280,16 +346,19 @@ async def build(data_dir: str | None, *, scenarios: list[str] | None = None, llm
     runtime = runtime or EnvRuntime(data_dir, dataset=AWMDataset(data_dir))
     workdir = Path(tempfile.mkdtemp(prefix="awm-predicates-"))
     try:
-        builder = PredicateBuilder(runtime, solutions, workdir, llm)
+        builder = PredicateBuilder(runtime, solutions, workdir, llm, load_episodes(episodes or []))
         keys = runtime.dataset.task_keys(runnable_only=False)
         out = []
-        for name in sorted({s for s, _ in keys}):
-            if scenarios and name not in scenarios:
-                continue
-            if runtime.dataset.scenario(name).db_schema is None:
-                out += [TaskPredicates(name, i, note="no gen_db row: no initial DB") for s, i in keys if s == name]
-                continue
-            out += await builder.build_scenario(name, [i for s, i in keys if s == name])
+        names = [n for n in sorted({s for s, _ in keys}) if not scenarios or n in scenarios]
+        with tqdm(total=sum(1 for s, _ in keys if s in names), desc="predicates", unit="task", file=sys.stderr,
+                  disable=not progress) as bar:
+            for name in names:
+                ids = [i for s, i in keys if s == name]
+                if runtime.dataset.scenario(name).db_schema is None:
+                    out += [TaskPredicates(name, i, note="no gen_db row: no initial DB") for i in ids]
+                else:
+                    out += await builder.build_scenario(name, ids)
+                bar.update(len(ids))
         return out
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -327,6 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--ignore-solutions", action="store_true",
                     help="do not use reference_solutions.jsonl even if present: targets come from states the verifier "
                          "accepts, as on AWM-1K (to measure that path on data that has solutions)")
+    sp.add_argument("--episodes", action="append", default=[], metavar="TRACES.jsonl",
+                    help="recorded episodes (training traces, awm_grpo.eval --out, or {scenario, task_idx, calls, "
+                    "final_answer} lines; repeatable): their final states are checked too (at most "
+                    f"{MAX_EPISODES_PER_TASK} a task)")
     sp = sub.add_parser("coverage", help="print the coverage report of a predicates JSONL")
     sp.add_argument("predicates", help="predicates JSONL file")
     args = parser.parse_args(argv)
@@ -338,8 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.llm:
         from awm.llm import ChatClient
         llm = ChatClient(max_concurrency=4)
-    records = asyncio.run(build(args.data_dir, scenarios=args.scenario, llm=llm,
-                                use_solutions=not args.ignore_solutions))
+    try:
+        records = asyncio.run(build(args.data_dir, scenarios=args.scenario, llm=llm,
+                                    use_solutions=not args.ignore_solutions, progress=True, episodes=args.episodes))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     write_predicates(records, args.out)
     print(json.dumps(coverage(records), indent=1))
     return 0
