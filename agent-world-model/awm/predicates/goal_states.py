@@ -127,6 +127,11 @@ def _same(a: Any, b: Any) -> bool:
         return a == b
     if isinstance(a, int | float) and isinstance(b, int | float):
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
+    if isinstance(a, str) != isinstance(b, str) and None not in (a, b):  # "12.50" read with float()
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-6)
+        except (TypeError, ValueError):
+            return False
     if isinstance(a, str) and isinstance(b, str):
         if a == b or _norm(a) == _norm(b):
             return True
@@ -400,6 +405,9 @@ class _Search:
                     props += [[Edit(**{**e.__dict__, "alt": {c: self.canon(left) for c in e.values}})
                                for e in p] for p in cells.updates(right, [f"{right} {self.canon(left)}"])]
                 return props
+            if _seq(left) is not None and _seq(right) is not None and want_in:  # a row tuple among final rows
+                values = _seq(left) or []
+                return props + [p for sql in recent[:3] if (p := self._insert_row(sql, state, values))]
             items, n = _seq(right), _length(right)
             if items is None and isinstance(right, dict) and isinstance(right.get("keys"), list):
                 items = right["keys"]
@@ -416,8 +424,9 @@ class _Search:
                 props += cells.deletes(left, recent[:2])
             return props
         if _scalar(left) and _scalar(right):
-            if op in ("<", "<=") and not result and isinstance(right, int | float) and 0 < right <= 0.05 \
-                    and isinstance(left, int | float):  # abs(a - b) < eps: make a equal b
+            tolerance_failed = (op in ("<", "<=") and not result) or (op in (">", ">=") and result)
+            if tolerance_failed and isinstance(right, int | float) and 0 < right <= 0.05 \
+                    and isinstance(left, int | float):  # abs(a - b) < eps (or > eps: reject): make a equal b
                 for x, y in self._close_values(events_before, left):
                     props += cells.updates(x, [y])
             props += cells.updates(left, _flip_value(op, bool(result), right, left))
