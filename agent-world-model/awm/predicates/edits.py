@@ -100,9 +100,14 @@ def same(a: Any, b: Any) -> bool:
     return (a is None or a == "") and (b is None or b == "")  # verifiers often read NULL as ""
 
 
+_FOLD = str.maketrans({"\u2013": "-", "\u2014": "-", "\u2212": "-", "\u2018": "'", "\u2019": "'", "\u201c": '"',
+                       "\u201d": '"'})
+
+
 def norm(text: str) -> str:
-    """Text as verifiers commonly compare it: lower case, single spaces, no surrounding punctuation."""
-    return " ".join(text.lower().split()).strip(" .,;:!?'\"")
+    """Text as verifiers commonly compare it: lower case, single spaces, plain dashes and quotes, no
+    surrounding punctuation."""
+    return " ".join(text.translate(_FOLD).lower().split()).strip(" .,;:!?'\"")
 
 
 def scalar(v: Any) -> bool:
@@ -133,16 +138,26 @@ class States:
     def __init__(self, s0: Path, workdir: Path) -> None:
         self.s0, self.workdir, self.schema = s0, workdir, Schema(s0)
         self._n = 0
+        self._other_keys, self._renamed = False, {}
 
-    def materialize(self, edits: list[Edit], variant: int = 0) -> Path | None:
-        """s0 with `edits` applied (variant 1: inserts copy their second donor); None if an edit cannot apply."""
+    def materialize(self, edits: list[Edit], variant: int = 0, other_keys: bool = False) -> Path | None:
+        """s0 with `edits` applied; None if an edit cannot apply.
+
+        Variant 1 gives the columns in each edit's `alt` their other values. `other_keys`: text keys made
+        up for inserted rows (`_fresh`) take other values, and every later value naming one follows it,
+        so a state can show whether the verifier cares which key a new row got.
+        """
         self._n += 1
         dest = self.workdir / f"state-{self._n}.db"
         shutil.copyfile(self.s0, dest)
         conn = sqlite3.connect(dest)
+        self._other_keys, self._renamed = other_keys, {}
         try:
             conn.execute("PRAGMA foreign_keys = OFF")
             for e in edits:
+                if self._renamed:
+                    e = Edit(**{**e.__dict__, "values": {c: self._renamed.get(v, v) if isinstance(v, str) else v
+                                                         for c, v in e.values.items()}})
                 if not self._apply(conn, e, variant):
                     conn.close()
                     dest.unlink(missing_ok=True)
@@ -151,6 +166,11 @@ class States:
         finally:
             conn.close()
         return dest
+
+    @property
+    def renamed_any(self) -> bool:
+        """The last state made with `other_keys` gave some new row another key."""
+        return bool(self._renamed)
 
     def _apply(self, conn: sqlite3.Connection, e: Edit, variant: int) -> bool:
         if e.kind == "answer":
@@ -180,9 +200,9 @@ class States:
             row = dict(zip(cols, found, strict=True)) if found else {}
         for c in cols:
             row.setdefault(c, None)
-        if variant:
-            row.update({c: v for c, v in e.alt.items() if c in row})
         row.update({c: v for c, v in e.values.items() if c in row})
+        if variant:  # last: it may also replace a value an observation set (a case or spacing the verifier ignores)
+            row.update({c: v for c, v in e.alt.items() if c in row})
         ipk = self.schema.rowid_pk[table]
         if ipk and ipk not in e.values:
             row[ipk] = (conn.execute(f'SELECT MAX(rowid) FROM "{table}"').fetchone()[0] or 0) + 1
@@ -226,4 +246,8 @@ class States:
             return (top if isinstance(top, int | float) else 0) + 1 + attempt
         if value is None and any(k in kind for k in ("REAL", "FLOA", "DOUB", "NUM", "DEC")):
             return 0.0
-        return f"{value if value is not None else table} ({attempt + 2})"
+        made = f"{value if value is not None else table} ({attempt + 2})"
+        if self._other_keys and col in self.schema.pk[table]:
+            self._renamed[made] = other = f"{value if value is not None else table} (key {attempt + 2})"
+            return other
+        return made

@@ -170,6 +170,11 @@ def search(sandbox: VerifierSandbox, code: str, s0: Path, workdir: Path, *, task
                 checks.append(p)
     plain = _plain_verdicts(s, checks, answer)
     result.checked = [(p, plain[p]) for p in checks if p in plain] + [(p, "complete") for p in set(result.accepting)]
+    keyed = s.states.materialize(edits, 0, other_keys=True)  # new rows' made-up text keys, otherwise
+    if keyed is not None and s.states.renamed_any:
+        verdict = _plain_verdicts(s, [keyed], answer).get(keyed)
+        if verdict:  # accepted: a predicate naming our made-up key is dropped; rejected: a check like any other
+            result.checked.append((keyed, verdict))
     result.runs = s.runs
     return result
 
@@ -195,6 +200,16 @@ def _free_columns(s: _Search, edits: list[Edit], answer: str | None) -> tuple[li
                 free += len(e.alt)
             else:
                 e.alt = {}
+    for e in edits:  # text an observation set: does the verifier ignore case and spacing?
+        for col, v in e.values.items():
+            if e.kind in ("insert", "update") and isinstance(v, str) and v.strip() and col not in e.alt:
+                for form in (v.upper().replace(" ", "  ") + " ", f"{v.upper()} ", v.upper(), v.lower()):
+                    if form != v:
+                        e.alt = {**e.alt, col: form}
+                        if passes():
+                            free += 1
+                            break
+                        e.alt.pop(col)
     for e in edits:
         table = s.schema.table(e.table) if e.kind == "insert" else None
         if table is None:

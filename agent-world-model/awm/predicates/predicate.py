@@ -281,14 +281,22 @@ def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: Stat
     def key_sql(k: tuple) -> str:
         return " AND ".join(_where(c, v) for c, v in zip(pk, k, strict=True))
 
-    for k in sorted(ra.keys() - r0.keys(), key=repr):  # added rows: match on stable named columns
-        stable = [c for c in checked if k in rb and rb[k].get(c) == ra[k][c]]
-        parts = [c for c in checked if k in rb and c not in stable and _part(ra[k][c], rb[k].get(c))]
+    added_b = [rb[k] for k in rb.keys() - r0.keys()]
+    for k in sorted(ra.keys() - r0.keys(), key=repr):  # added rows: match on what both final states hold
+        row = ra[k]
+        twin = rb.get(k) if k in rb else max(
+            added_b, key=lambda r: sum(2 * (r.get(c) == row[c]) + bool(_loose(row[c], r.get(c)) or _part(row[c], r.get(c)))
+                                       for c in checked), default=None)
+        if twin is None:
+            b.drop("volatile")
+            continue
+        stable = [c for c in checked if twin.get(c) == row[c]]
         if not stable:
             b.drop("volatile")
             continue
-        cond = " AND ".join([_where(c, ra[k][c]) for c in stable]
-                            + [f'"{c}" LIKE {_lit(_like(_part(ra[k][c], rb[k][c]) or ""))} ESCAPE \'\\\'' for c in parts])
+        cond = " AND ".join([_where(c, row[c]) for c in stable]
+                            + [_shared(c, row[c], twin.get(c)) for c in checked if c not in stable
+                               and _shared(c, row[c], twin.get(c))])
         b.add(sql=f'SELECT 1 FROM "{table}" WHERE {cond}', check="exists", expected=None, initial_value=0,
               source="table_diff", table=table)
     for k in sorted(r0.keys() - ra.keys(), key=repr):  # removed rows
@@ -301,9 +309,8 @@ def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: Stat
                 continue
             if k not in rb or rb[k][c] != va:  # the two final states disagree: only what they share is a target
                 vb = rb[k][c] if k in rb else None
-                part = _part(va, vb)
-                if part:
-                    cond = f'"{c}" LIKE {_lit(_like(part))} ESCAPE \'\\\''
+                if _shared(c, va, vb):
+                    cond = _shared(c, va, vb)
                 elif va is not None and vb is not None and k in rb:
                     cond = f'"{c}" IS NOT NULL' if v0 is None else f'"{c}" IS NOT {_lit(v0)}'
                 else:
@@ -318,6 +325,26 @@ def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: Stat
                       source="table_diff", table=table)
             else:
                 b.add(sql=sql, check="value_eq", expected=va, initial_value=v0, source="table_diff", table=table)
+
+
+def _shared(col: str, a: Any, b: Any, ref: str = "") -> str:
+    """A condition on `col` both values meet when they differ only in case and spacing, or one text
+    contains the other; "" when they share nothing a condition can say. `ref` qualifies the column."""
+    name = f'{ref}"{col}"'
+    if _loose(a, b):
+        spaced = isinstance(a, str) and isinstance(b, str) and ("  " in a.strip()) != ("  " in b.strip())
+        if spaced:  # one accepted value has doubled inner spaces: the verifier collapses them
+            name = f"REPLACE(REPLACE(REPLACE({name}, '  ', ' '), '  ', ' '), '  ', ' ')"
+        return f"LOWER(TRIM({name})) = {_loose(a, b)}"
+    part = _part(a, b)
+    return f"{name} LIKE {_lit(_like(part))} ESCAPE '\\'" if part else ""
+
+
+def _loose(a: Any, b: Any) -> str | None:
+    """A condition for two texts both final states hold that differ only in case and surrounding spaces."""
+    if isinstance(a, str) and isinstance(b, str) and a != b and " ".join(a.split()).lower() == " ".join(b.split()).lower():
+        return _lit(" ".join(a.split()).lower() if ("  " in a.strip()) != ("  " in b.strip()) else a.strip().lower())
+    return None
 
 
 def _part(a: Any, b: Any) -> str | None:
@@ -340,6 +367,7 @@ def _shared_rows(b: _Builder, sql: str, s0: Path, r0: list[tuple], ra: list[tupl
     if names is None or len(set(names)) != len(names):
         b.drop("volatile")
         return
+    made_keys = _key_columns(s0, sql)  # a new row's integer key is the database's choice, not the task's
     sub = f"SELECT 1 FROM ({sql.rstrip().rstrip(';')}) AS awm_q WHERE "
 
     def cond(row: tuple, cols: list[int]) -> str:
@@ -349,15 +377,46 @@ def _shared_rows(b: _Builder, sql: str, s0: Path, r0: list[tuple], ra: list[tupl
     added_a = [r for r in ra if tuple(r) not in before]
     added_b = [r for r in rb if tuple(r) not in before]
     for row in added_a:
-        twin = max(added_b, key=lambda r: sum(x == y for x, y in zip(r, row, strict=False)), default=None)
-        cols = [i for i in range(len(row)) if twin is not None and i < len(twin) and twin[i] == row[i]]
-        if not cols:
+        twin = max(added_b, key=lambda r: sum(2 * (x == y) + bool(_loose(x, y) or _part(x, y))
+                                              for x, y in zip(r, row, strict=False)), default=None)
+        cols = [i for i in range(len(row)) if twin is not None and i < len(twin) and twin[i] == row[i]
+                and i not in made_keys]
+        extra = [s for i in range(len(row)) if i not in cols and i not in made_keys and twin is not None
+                 and i < len(twin) and (s := _shared(names[i], row[i], twin[i], "awm_q."))]
+        if not cols and not extra and not made_keys:
             b.drop("volatile")
             continue
-        b.add(sql=sub + cond(row, cols), check="exists", initial_value=0)
+        # a new row: not one of the rows the read returned at s0 (by key), whichever key it got
+        fresh = [f'awm_q."{names[i]}" NOT IN ({", ".join(_lit(v) for v in old)})' for i in sorted(made_keys)
+                 if (old := sorted({r[i] for r in r0 if i < len(r) and r[i] is not None}, key=repr))]
+        where = " AND ".join(([cond(row, cols)] if cols else []) + extra + fresh)
+        b.add(sql=sub + where if where else sub[:-len(" WHERE ")], check="exists", initial_value=0)
     after_a, after_b = {tuple(r) for r in ra}, {tuple(r) for r in rb}
     for row in sorted(before - after_a - after_b, key=repr):
         b.add(sql=sub + cond(row, list(range(len(row)))), check="not_exists", initial_value=1)
+
+
+def _key_columns(db: Path, sql: str) -> set[int]:
+    """Output positions of `sql` that are a table's single integer key (an id the database assigns)."""
+    from awm.predicates.sql_shape import parse
+
+    conn = sqlite3.connect(f"file:{db.resolve()}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        info = {t: conn.execute(f'PRAGMA table_info("{t}")').fetchall() for t in tables}
+    finally:
+        conn.close()
+    shape = parse(sql, {t: [c[1] for c in cols] for t, cols in info.items()})
+    if shape is None:
+        return set()
+    keys = {t.lower(): [c[1] for c in cols if c[5] > 0] for t, cols in info.items()}
+    types = {t.lower(): {c[1]: (c[2] or "").upper() for c in cols} for t, cols in info.items()}
+    out = set()
+    for i, ref in enumerate(shape.output_columns({t: [c[1] for c in cols] for t, cols in info.items()})):
+        table = shape.tables.get(ref[0], "").lower() if ref else ""
+        if ref and keys.get(table) == [ref[1]] and types[table].get(ref[1]) == "INTEGER":
+            out.add(i)
+    return out
 
 
 def _column_names(db: Path, sql: str) -> list[str] | None:

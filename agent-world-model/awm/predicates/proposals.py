@@ -18,7 +18,8 @@ from awm.predicates.edits import Edit, Schema, answer_of, max_rowid, norm, ro_ro
 from awm.predicates.sql_shape import Shape, parse
 from awm.predicates.verifier_analysis import analyse
 
-MAX_ROWS_PER_EDIT = 3
+MAX_ROWS_PER_EDIT = 3  # rows a set comparison inserts or deletes at once
+MAX_ROWS_PER_COUNT = 10  # rows a count check (`len(rows) != 5`) inserts at once
 _TRUTHY = object()  # "some truthy value of this column": resolved per cell
 
 
@@ -111,6 +112,7 @@ class Proposer:
             cells = _Cells(self, state, recent, ours)
             props = self._from_event(events[i], recent, cells, state, edits, events[:i])
             for p in props:
+                p = self._distinct_keys(p)
                 k = "|".join(e.key() for e in p)
                 if p and k not in seen:
                     seen.add(k)
@@ -198,6 +200,15 @@ class Proposer:
             return props
         if op in ("==", "!=") and (op == "==") != bool(result):  # want two collections equal
             props += self._make_equal(left, right, cells, recent, state)
+        subset = {"subset": (left, right), "<=": (left, right), "superset": (right, left), ">=": (right, left)}
+        if op in subset and not result and _seq(left) is not None and _seq(right) is not None:
+            small, big = subset[op]  # want every element of `small` in `big` (a final collection)
+            missing = [x for x in _seq(small) or [] if scalar(x) and not any(same(x, y) for y in _seq(big) or [])]
+            for sql in recent[:3]:
+                parts = [e for x in missing[:MAX_ROWS_PER_COUNT] for p in self._inserts(sql, state, 1, key_value=x)[:1]
+                         for e in p]
+                if parts:
+                    props.append(parts)
         return props
 
     def _make_equal(self, left: Any, right: Any, cells: _Cells, recent: list[str], state: Path) -> list[list[Edit]]:
@@ -242,6 +253,13 @@ class Proposer:
                 out += o
             for key in extra[:2]:  # a row one of our edits changed that must stay as it was
                 out += [[Edit("undo", text=e.key(), why=f"row {key} must not change")] for e in self.edits_on(key)]
+            if (missing or extra) and all(scalar(x) for x in sa + sb):  # a set of keys: rows out, rows in
+                drops = [d for x in extra[:MAX_ROWS_PER_COUNT] for d in cells.deletes(x, recent[:1])[:1]]
+                for sql in recent[:2]:
+                    adds = [e for y in missing[:MAX_ROWS_PER_COUNT] for p in self._inserts(sql, state, 1, key_value=y)[:1]
+                            for e in p]
+                    if adds or drops:
+                        out.append([e for p in drops for e in p] + adds)
             if len(sa) < len(sb) and not missing:
                 out += [p for sql in recent[:2] for p in self._inserts(sql, state, 1)]
             if len(sa) > len(sb):
@@ -320,6 +338,23 @@ class Proposer:
         rows = ro_rows(state, sql)
         return rows[0][0] if rows and len(rows) == 1 and isinstance(rows[0][0], int) else None
 
+    def _distinct_keys(self, proposal: list[Edit]) -> list[Edit]:
+        """Rows one proposal inserts into a table each get their own key (each was planned on the same state)."""
+        taken: dict[str, set[Any]] = {}
+        out = []
+        for e in proposal:
+            pk = self.schema.rowid_pk.get(self.schema.table(e.table) or "") if e.kind == "insert" else None
+            if pk and pk in e.values:
+                used = taken.setdefault(e.table, set())
+                value = e.values[pk]
+                while value in used:
+                    value += 1
+                used.add(value)
+                if value != e.values[pk]:
+                    e = Edit(**{**e.__dict__, "values": {**e.values, pk: value}})
+            out.append(e)
+        return out
+
     def _answers(self, reads: list[str], edits: list[Edit]) -> list[list[Edit]]:
         """Answers that mention what the verifier last read from the initial DB (info-seeking tasks)."""
         values: list[str] = []
@@ -350,7 +385,7 @@ class Proposer:
             return []
         want = wants[0]
         if want > n:
-            k = min(want - n, MAX_ROWS_PER_EDIT)
+            k = min(want - n, MAX_ROWS_PER_COUNT)
             return [p for sql in recent[:3] for p in self._inserts(sql, state, k)]
         return [p for sql in recent[:3] for p in self._deletes(sql, state, keep=want)]
 
@@ -476,10 +511,10 @@ class _Cells:
                 if t is _TRUTHY:  # any truthy value passes: B gets another one
                     t, other = self._truthy(table, col, rowid)
                     alt = {col: other}
-                t = self.search.canon(t)
-                if not same(t, cell) and scalar(t):
-                    out.append([Edit("update", table, {col: t}, rowid=rowid, alt=alt,
-                                     why=f"{table}.{col} {cell!r} -> {t!r}")])
+                for form in dict.fromkeys([self.search.canon(t), t]):  # as the task writes it, then as compared
+                    if not same(form, cell) and scalar(form):
+                        out.append([Edit("update", table, {col: form}, rowid=rowid, alt=alt,
+                                         why=f"{table}.{col} {cell!r} -> {form!r}")])
             if len(seen) >= 4:
                 break
         return out

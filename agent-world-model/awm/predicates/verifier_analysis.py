@@ -61,6 +61,7 @@ _AWM_OPS = {
     "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
     "is": lambda a, b: a is b, "is not": lambda a, b: a is not b,
     "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
+    "subset": lambda a, b: a.issubset(b), "superset": lambda a, b: a.issuperset(b),
 }
 
 
@@ -183,6 +184,11 @@ class _Observer(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         f = node.func
+        if (isinstance(f, ast.Attribute) and f.attr in ("issubset", "issuperset") and len(node.args) == 1
+                and not node.keywords and not isinstance(node.args[0], ast.Starred)):
+            return ast.copy_location(ast.Call(ast.Name("_awm_cmp", ast.Load()), [
+                self._site(), ast.Constant({"issubset": "subset", "issuperset": "superset"}[f.attr]), f.value,
+                node.args[0], ast.Constant("")], []), node)
         if (isinstance(f, ast.Attribute) and f.attr == "get" and 1 <= len(node.args) <= 2 and not node.keywords
                 and not any(isinstance(a, ast.Starred) for a in node.args)):
             return ast.copy_location(ast.Call(ast.Name("_awm_get", ast.Load()),
