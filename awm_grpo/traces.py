@@ -138,9 +138,13 @@ def summary_line(label: str, records: Sequence[dict[str, Any]], metrics: dict[st
     rewards = [r["reward"] for r in records if r.get("reward") is not None and not r.get("infra_error")]
     reward = f"{sum(rewards) / len(rewards):+.3f}" if rewards else "   n/a"
     get = lambda key: metrics.get(f"{prefix}/{key}", float("nan"))  # noqa: E731
-    return (f"{label:<16} episodes {len(records):4d} | success {get('success_rate'):6.1%} | reward {reward} | "
+    line = (f"{label:<16} episodes {len(records):4d} | success {get('success_rate'):6.1%} | reward {reward} | "
             f"turns {get('turns_mean'):4.1f} | invalid calls {get('invalid_call_rate'):6.1%} | "
             f"infra failures {int(metrics.get(f'{prefix}/infra_failures', 0)):3d}")
+    if f"{prefix}/recovery/progress_sm_tasks" in metrics:  # with awm_predicates (awm_grpo.recovery.metrics)
+        line += (f" | progress credit {int(get('recovery/progress_credit_tasks'))}/"
+                 f"{int(get('recovery/progress_sm_tasks'))} mutating tasks")
+    return line
 
 
 def log_rollout(rollout_id: int, args: argparse.Namespace, samples: Sequence[Any], rollout_extra_metrics: Any = None,

@@ -21,6 +21,9 @@ metric for all episodes and per task type. Definitions (P = proposed where the p
                           continual_damage (>= 2 dips, no rise after the first), flat_fail, rise_fail
     post-error next action  blind_retry (same call), argument_revision (same tool), verification
                           (a read), tool_switch (another write tool), stop (final answer or end)
+    progress credit       (P) how many state-mutating tasks of a batch have predicates and how many of
+                          them got R_prog != 0 somewhere (`progress_credit`): whether the method's
+                          progress term reaches the tasks at all
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ class EpisodeRecord:
     max_turns: int = 15
     preservation_end: list[float] = field(default_factory=list)  # phi of each preservation predicate at the end
     handover_turn: int | None = None  # controlled recovery split: index of the tested policy's first turn
+    task: str | None = None  # "scenario#task_idx": episodes of one task share it (progress_credit)
+    predicates: int | None = None  # the task's progress predicates (None: the run tracked no progress)
 
     @property
     def success(self) -> bool:
@@ -216,6 +221,54 @@ def recovery_metrics(episodes: list[EpisodeRecord]) -> dict[str, dict[str, Any]]
     for tt in sorted({e.task_type for e in episodes}):
         group = [e for e in scored if e.task_type == tt]
         out[tt] = _summary(group, sum(e.infra_failure for e in episodes if e.task_type == tt))
+    return out
+
+
+def makes_progress(turn: TurnRecord) -> bool:
+    """R_prog != 0 in the difference form: a write-labelled turn after which Phi differs from Phi before it."""
+    return abs(turn.progress) > 1e-12
+
+
+def progress_credit(episodes: list[EpisodeRecord]) -> dict[str, float]:
+    """Does the progress term reach the tasks? Counts over one batch (a training step), {} without progress tracking.
+
+    Over scored episodes (infrastructure failures and episodes without a `task` key left out) whose run tracked
+    progress (`predicates` not None), with tasks told apart by `task` and state-mutating meaning `task_type`:
+
+        progress_sm_tasks            distinct state-mutating tasks
+        progress_tasks               of them, tasks with >= 1 progress predicate
+        progress_write_tasks         of those, tasks where some episode changed the DB in a write-labelled turn
+                                     (rows of tables with a primary key, as the rollout records them): the
+                                     policy's side of the count
+        progress_credit_tasks        of those, tasks where some turn of some episode has R_prog != 0: a write-
+                                     labelled turn after which Phi (all predicates, scalar ones as valued; the
+                                     difference form, whatever awm_credit_progress_form says) differs from Phi
+                                     before it, up or down
+        progress_credit_task_rate    progress_credit_tasks / progress_tasks
+        progress_credit_sm_task_rate progress_credit_tasks / progress_sm_tasks (the issue's "most state-mutating
+                                     tasks": tasks without predicates count as uncredited)
+        progress_credit_episode_rate episodes of progress_tasks with >= 1 such turn / episodes of progress_tasks
+
+    Rates are left out when their denominator is 0. Credit needs both predicates and a policy that writes:
+    progress_credit_tasks well below progress_write_tasks says the predicates miss what the writes change (or
+    the writes are wrong); progress_write_tasks well below progress_tasks says the policy does not write.
+    """
+    eps = [e for e in episodes if not e.infra_failure and e.task is not None and e.predicates is not None]
+    if not eps:
+        return {}
+    sm = [e for e in eps if e.task_type == "state_mutating"]
+    with_preds = [e for e in sm if e.predicates]
+    credited = [e for e in with_preds if any(makes_progress(t) for t in e.turns)]
+    wrote = [e for e in with_preds if any(t.is_write and t.changed_db for t in e.turns)]
+    sm_tasks, tasks, write_tasks, credit_tasks = ({e.task for e in group} for group in (sm, with_preds, wrote,
+                                                                                         credited))
+    out = {"progress_sm_tasks": float(len(sm_tasks)), "progress_tasks": float(len(tasks)),
+           "progress_write_tasks": float(len(write_tasks)), "progress_credit_tasks": float(len(credit_tasks))}
+    for key, num, den in (("progress_credit_task_rate", len(credit_tasks), len(tasks)),
+                          ("progress_credit_sm_task_rate", len(credit_tasks), len(sm_tasks)),
+                          ("progress_credit_episode_rate", len(credited), len(with_preds))):
+        if den:
+            out[key] = round(num / den, 4)
     return out
 
 

@@ -58,7 +58,14 @@ from awm_grpo.recovery.credit import (
     group_turn_advantages,
     trajectory_advantages,
 )
-from awm_grpo.recovery.metrics import EpisodeRecord, TableChange, TurnRecord, flat_metrics, recovery_metrics
+from awm_grpo.recovery.metrics import (
+    EpisodeRecord,
+    TableChange,
+    TurnRecord,
+    flat_metrics,
+    progress_credit,
+    recovery_metrics,
+)
 from awm_grpo.reward import outcome
 from slime.algorithms.advantages import spread_turn_values
 from slime.utils.types import Sample
@@ -219,12 +226,16 @@ def episode_record(record: dict[str, Any], max_turns: int = 15) -> EpisodeRecord
         task_type=record.get("task_type") or rec.get("task_type") or "unlabelled", verdict=str(record.get("verdict")),
         turns=turns, infra_failure=bool(record.get("infra_error")), max_turns=max_turns,
         preservation_end=list(rec.get("preservation_end") or []),
-        handover_turn=0 if rec.get("prefix_turns") else None)
+        handover_turn=0 if rec.get("prefix_turns") else None,
+        task=f"{record['scenario']}#{record['task_idx']}" if "scenario" in record and "task_idx" in record else None,
+        predicates=int(rec["predicates"]) if rec.get("predicates") is not None else None)
 
 
 def trace_metrics(records: Sequence[dict[str, Any]], prefix: str, max_turns: int = 15) -> dict[str, float]:
-    """Flat recovery metrics (all and per task type) of trace records, keys `<prefix>/<split>/<metric>`."""
+    """Flat recovery metrics of trace records: `<prefix>/<split>/<metric>` (all and per task type) and, with
+    awm_predicates, `<prefix>/progress_credit_tasks` and the other counts of metrics.progress_credit."""
     if not records:
         return {}
-    flat = flat_metrics(recovery_metrics([episode_record(r, max_turns) for r in records]))
+    episodes = [episode_record(r, max_turns) for r in records]
+    flat = {**flat_metrics(recovery_metrics(episodes)), **progress_credit(episodes)}
     return {f"{prefix}/{k}": v for k, v in flat.items()}

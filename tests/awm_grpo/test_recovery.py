@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import sqlite3
 
 import pytest
 from rollout_helpers import make_args
 
-from awm_grpo.recovery.plugin import advantages, trace_metrics
+from awm_grpo.recovery.credit import progress_rewards
+from awm_grpo.recovery.plugin import advantages, credit_config, signals, trace_metrics
 from awm_grpo.reward import reward
 from awm_grpo.rollout import generate
 from awm_grpo.traces import log_rollout
@@ -229,3 +231,34 @@ def test_progress_predicates_refuse_the_mcp_transport():
 
     with pytest.raises(ValueError, match="inprocess"):
         RolloutConfig(env=EnvConfig(transport="mcp", mcp_urls=("http://127.0.0.1:1",)), predicates="p.jsonl")
+
+
+def test_step_metrics_count_the_tasks_that_got_progress_credit(tiny_model_dir, engine, tmp_path, predicates, caplog):
+    """Task 3 (two rollouts whose writes move Phi), task 4 (a write that leaves its predicates where they were),
+    task 0 (info seeking): 1 of 2 state-mutating tasks with predicates got R_prog != 0, 2 of its 3 episodes."""
+    args = make_args(tiny_model_dir, engine.url, tmp_path, predicates=predicates)
+    a, b = dip_and_recover_then_direct(args, engine)
+    engine.reply(call("checkout_copy", copy_id=1), "Done.")  # task 4 asks for a renewal of loan 1
+    c = play(args, 2, task_idx=4)
+    engine.reply(LIST, "Nothing to do.")
+    d = play(args, 3, {"task_type": "info_seeking"}, task_idx=0)
+    samples = [a, b, c, d]
+    # the credit path's own R_prog (difference form) on the samples the trainer gets
+    cfg, _ = credit_config(args)
+    moved = {}
+    for s in samples:
+        sig = signals(args, s, cfg)
+        key = s.metadata["task_idx"]
+        moved[key] = moved.get(key, False) or any(r != 0 for r in progress_rewards(sig.phis, sig.is_write))
+    assert moved == {3: True, 4: False, 0: False}
+    assert c.metadata["awm"]["credit"]["write"][0] and c.metadata["awm_trace"]["recovery"]["predicates"] == 2
+    with caplog.at_level(logging.INFO, logger="awm_grpo"):
+        metrics = log_rollout(0, args, samples)
+    assert metrics["awm/recovery/progress_sm_tasks"] == 2.0 and metrics["awm/recovery/progress_tasks"] == 2.0
+    assert metrics["awm/recovery/progress_write_tasks"] == 2.0  # task 4's checkout changed the DB too
+    assert metrics["awm/recovery/progress_credit_tasks"] == 1.0
+    assert metrics["awm/recovery/progress_credit_task_rate"] == 0.5
+    assert metrics["awm/recovery/progress_credit_episode_rate"] == round(2 / 3, 4)
+    assert "| progress credit 1/2 mutating tasks" in caplog.text
+    rows = (tmp_path / "traces" / "rollout_000000.jsonl").read_text().splitlines()
+    assert sorted(json.loads(r)["task_idx"] for r in rows) == [0, 3, 3, 4]

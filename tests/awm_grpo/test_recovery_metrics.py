@@ -8,6 +8,7 @@ from awm_grpo.recovery.metrics import (
     TurnRecord,
     flat_metrics,
     next_action,
+    progress_credit,
     progress_pattern,
     recovery_metrics,
 )
@@ -95,3 +96,30 @@ def test_controlled_split_fields_and_flat_logging():
     assert m["recovery_success"]["n"] == 0 and m["additional_damage"]["n"] == 0
     flat = flat_metrics(recovery_metrics([ep]))
     assert flat["state_mutating/verification_first_rate"] == 1.0 and "all/progress_patterns/flat_fail" in flat
+
+
+def test_progress_credit_counts_tasks_whose_writes_moved_phi():
+    def ep(task, turns, task_type="state_mutating", predicates=2, infra=False):
+        return EpisodeRecord(task_type, "others", turns, infra_failure=infra, task=task, predicates=predicates)
+
+    row = {"t": TableChange(updated=["1"])}
+    eps = [
+        ep("s#1", [read("get"), write("set", 0.0, 0.5, changes=row), final(0.5)]),  # credited (Phi up after a write)
+        ep("s#1", [read("get"), final(0.0)]),  # same task, reads only
+        ep("s#2", [write("add", 0.0, 0.0, changes=row), final(0.0)], predicates=1),  # DB changed, Phi did not
+        ep("s#2", [write("add", 0.0, 1.0)], predicates=1, infra=True),  # infrastructure failure: left out
+        ep("s#3", [write("add", None, None)], predicates=0),  # state-mutating but no predicates
+        ep("s#4", [read("get"), final(0.0)], task_type="info_seeking", predicates=0),
+        ep("s#5", [TurnRecord(tool="get", label="read", phi_before=0.0, phi_after=1.0)], predicates=3),  # no write
+        ep("s#6", [write("del", 1.0, 0.5), final(0.5)], predicates=1),  # down counts too (no rows recorded)
+        ep(None, [write("set", 0.0, 1.0)]),  # no task key: cannot be told apart, left out
+    ]
+    assert progress_credit(eps) == {
+        "progress_sm_tasks": 5.0, "progress_tasks": 4.0, "progress_write_tasks": 2.0,  # s#1, s#2
+        "progress_credit_tasks": 2.0,  # s#1, s#6
+        "progress_credit_task_rate": 0.5, "progress_credit_sm_task_rate": 0.4,
+        "progress_credit_episode_rate": 0.4}  # 2 of 5 scored episodes of s#1, s#2, s#5, s#6
+    assert progress_credit([EpisodeRecord("state_mutating", "others", [write("a", 0.0, 1.0)], task="s#1")]) == {}
+    only_info = progress_credit([ep("s#4", [read("get")], task_type="info_seeking", predicates=0)])
+    assert only_info == {"progress_sm_tasks": 0.0, "progress_tasks": 0.0, "progress_write_tasks": 0.0,
+                         "progress_credit_tasks": 0.0}
