@@ -193,3 +193,76 @@ def test_recorded_episodes_are_states_the_set_is_checked_on(built, tmp_path, cap
     bad.write_text('{"scenario": "library_lending_1", "task_idx": 0, "calls": []}\n{"turns": 5}\n')
     assert main(["build", "--scenario", "library_lending_1", "--episodes", str(bad), "--out", str(tmp_path / "p")]) == 2
     assert "bad.jsonl:2: not an episode record" in capsys.readouterr().err
+
+
+STYLES = {  # upstream's LLM-written verifiers phrase the same checks in many ways: each must be searched through
+    "fetchone_is_none": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    import sqlite3
+    cur = sqlite3.connect(final_db_path).cursor()
+    cur.execute("SELECT id, status FROM tickets WHERE title = ? AND owner_id = ?", ("Printer jam", 2))
+    row = cur.fetchone()
+    if row is None:
+        return {"result": "others"}
+    if row[1].strip().lower() != "open":
+        return {"result": "others"}
+    return {"result": "complete"}
+''',
+    "count_arithmetic": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    import sqlite3
+    def rows(path):
+        return sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute(
+            "SELECT id, title FROM tickets WHERE owner_id = 1").fetchall()
+    before, after = rows(initial_db_path), rows(final_db_path)
+    if len(after) != len(before) + 1:
+        return {"result": "others"}
+    new = [r for r in after if r[0] not in {b[0] for b in before}]
+    return {"result": "complete" if new and new[0][1] == "VPN down" else "others"}
+''',
+    "count_star_and_any": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    import sqlite3
+    conn = sqlite3.connect(final_db_path)
+    (closed,) = conn.execute("SELECT COUNT(*) FROM tickets WHERE status = 'closed'").fetchone()
+    if closed != 2:
+        return {"result": "others"}
+    titles = conn.execute("SELECT title, status FROM tickets").fetchall()
+    if not any(t == "Broken chair" and s == "closed" for t, s in titles):
+        return {"result": "others"}
+    return {"result": "complete"}
+''',
+    "row_must_be_gone": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    import sqlite3
+    conn = sqlite3.connect(final_db_path)
+    gone = conn.execute("SELECT * FROM tickets WHERE title = 'No coffee'").fetchone()
+    if gone is not None:
+        return {"result": "others"}
+    kept = conn.execute("SELECT COUNT(*) FROM tickets").fetchone()[0]
+    return {"result": "complete" if kept == 2 else "others"}
+''',
+}
+
+
+@pytest.mark.parametrize("name", sorted(STYLES))
+def test_verifier_styles_are_searched_through_to_agreeing_predicates(name, tmp_path):
+    import sqlite3
+
+    from awm.predicates.predicate import extract, validate
+    from awm.predicates.verifier_analysis import analyse
+
+    s0 = tmp_path / "s0.db"
+    conn = sqlite3.connect(s0)
+    conn.executescript("CREATE TABLE tickets (id INTEGER PRIMARY KEY, title TEXT NOT NULL, owner_id INTEGER, "
+                       "status TEXT NOT NULL DEFAULT 'open', created_at TEXT);"
+                       "INSERT INTO tickets VALUES (1, 'Broken chair', 1, 'open', '2026-01-01'), "
+                       "(2, 'No coffee', 2, 'closed', '2026-01-02'), (3, 'Lamp flickers', 1, 'open', '2026-01-03');")
+    conn.close()
+    code = STYLES[name]
+    with VerifierSandbox() as sandbox:
+        goal = search(sandbox, code, s0, tmp_path / "goal")
+        assert goal.accepting, goal.reason
+        a, b = goal.accepting
+        trace = traced_run(sandbox, code, str(s0), str(a))
+    candidates, dropped = extract(trace.statements, analyse(code), s0, a, b, built=True)
+    progress, _ = validate(candidates, s0, a, b, dropped)
+    assert progress
+    for state, verdict in goal.checked:
+        assert (phi(state, progress) == 1.0) == (verdict == "complete"), (state.name, verdict)

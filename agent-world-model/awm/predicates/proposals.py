@@ -194,10 +194,17 @@ class Proposer:
             if left is None and right is not None and op in ("==", "!=", "is", "is not"):
                 for sql in recent[:2]:  # a value looked up in rows that do not exist yet
                     props += self._inserts(sql, state, 1, key_value=right, like=[right])
+            if left is None and right is None and ((op in ("is", "==")) == bool(result)):
+                for sql in recent[:2]:  # `row = cur.fetchone(); if row is None:` -- the query found no row
+                    if not ro_rows(state, sql):
+                        props += self._inserts(sql, state, 1)
             for sql in recent[:2]:  # SELECT COUNT(*) ...: the number compared is a row count
                 if isinstance(left, int) and not isinstance(left, bool) and self._counted(sql, state) == left:
                     props += self._count_change(left, op, right, bool(result), [sql], state)
             return props
+        if right is None and _seq(left) is not None and (op in ("is not", "!=")) == bool(result):
+            for sql in recent[:2]:  # `if row is not None: return others`: the row must go
+                props += self._deletes(sql, state)
         if op in ("==", "!=") and (op == "==") != bool(result):  # want two collections equal
             props += self._make_equal(left, right, cells, recent, state)
         subset = {"subset": (left, right), "<=": (left, right), "superset": (right, left), ">=": (right, left)}
