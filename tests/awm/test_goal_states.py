@@ -36,6 +36,8 @@ def test_sql_shape_reads_the_verifier_query_forms():
     s = parse("SELECT id, total FROM orders WHERE LOWER(status) = 'placed' AND user_id IS NULL", COLUMNS)
     assert not s.grouped  # a column named `total` is not the aggregate
     assert s.equalities("orders") == {"status": "placed", "user_id": None}
+    s = parse("SELECT id FROM orders WHERE LOWER(status) = LOWER('Placed') AND UPPER(user_id) = 3", COLUMNS)
+    assert s.equalities("orders") == {"status": "placed", "user_id": 3}
     assert parse("SELECT COUNT(*) FROM orders WHERE status = 'x' OR id = 1", COLUMNS).grouped
     assert parse("SELECT * FROM orders WHERE status = 'x' OR id = 1", COLUMNS).equalities("orders") == {}
     for unsupported in ("SELECT id FROM orders UNION SELECT id FROM carts", "SELECT x FROM (SELECT 1 AS x)",

@@ -40,7 +40,7 @@ from awm.predicates.proposals import Proposer
 from awm.predicates.verifier_analysis import traced_run
 from awm.verifier import VerifierSandbox
 
-MAX_RUNS = 160  # observed verifier runs per task
+MAX_RUNS = 300  # observed verifier runs per task (a few ms each)
 MAX_EDITS = 24
 
 

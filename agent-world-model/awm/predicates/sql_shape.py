@@ -294,9 +294,12 @@ def _conjunct(tokens: list[Tok], shape: Shape, cols: dict[str, dict[str, str]], 
     if len(ops) == 1:
         left, right = tokens[:ops[0]], tokens[ops[0] + 1:]
         for a, b in ((left, right), (right, left)):
-            if len(a) == 4 and a[0].word in _WRAPPERS and a[1].text == "(" and a[-1].text == ")":
-                a = a[2:3]
-            ref, (ok, value) = _colref(a, shape, cols), literal(b)
+            if len(a) >= 4 and a[0].word in _WRAPPERS and a[1].text == "(" and a[-1].text == ")":
+                a = a[2:-1]
+            wrap = b[0].word if len(b) >= 4 and b[0].word in _WRAPPERS and b[1].text == "(" and b[-1].text == ")" else ""
+            ref, (ok, value) = _colref(a, shape, cols), literal(b[2:-1] if wrap else b)
+            if ok and isinstance(value, str) and wrap:  # LOWER('Text'): the value as the function makes it
+                value = {"lower": value.lower(), "upper": value.upper(), "trim": value.strip()}[wrap]
             if ref and ok:
                 out.equal = (ref[0], ref[1], value)
                 return out
