@@ -145,7 +145,7 @@ def built(tmp_path_factory):
             records = await build(str(data), scenarios=["library_lending_1", "online_grocery_1"], llm=llm, runtime=rt,
                                   episodes=[str(episodes)])
         checks = []
-        with EnvRuntime(cache_dir=root / "cache2", num_workers=1) as rt:
+        with EnvRuntime(cache_dir=root / "cache", num_workers=1) as rt:  # the same templates (their clock)
             for r in records:
                 sol = sols[(r.scenario, r.task_idx)]
                 for name, calls, answer in (("reference", sol.calls, sol.final_answer),

@@ -91,7 +91,7 @@ def same(a: Any, b: Any) -> bool:
         except (TypeError, ValueError):
             return False
     if isinstance(a, str) and isinstance(b, str):
-        if a == b or norm(a) == norm(b):
+        if a == b or norm(a) == norm(b) or norm(a).replace(" ", "") == norm(b).replace(" ", ""):
             return True
         for x, y in ((a, b), (b, a)):  # phone numbers and codes compared by their digits
             if y.isdigit() and len(y) >= 4 and re.sub(r"\D", "", x) == y and len(x) <= 2 * len(y) + 12:

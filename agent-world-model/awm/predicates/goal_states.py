@@ -202,7 +202,8 @@ def _free_columns(s: _Search, edits: list[Edit], answer: str | None) -> tuple[li
                 e.alt = {}
     for e in edits:  # text an observation set: does the verifier ignore case and spacing?
         for col, v in e.values.items():
-            if e.kind in ("insert", "update") and isinstance(v, str) and v.strip() and col not in e.alt:
+            if e.kind in ("insert", "update") and isinstance(v, str) and v.strip() and col not in e.alt \
+                    and v.upper() != v.lower():  # text with letters (dates and codes have no case to ignore)
                 for form in (v.upper().replace(" ", "  ") + " ", f"{v.upper()} ", v.upper(), v.lower()):
                     if form != v:
                         e.alt = {**e.alt, col: form}

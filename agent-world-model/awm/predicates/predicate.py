@@ -205,8 +205,16 @@ def _lit(v: Any) -> str:
     return "'" + str(v).replace("'", "''") + "'"
 
 
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$")
+
+
 def _where(col: str, v: Any) -> str:
-    return f'"{col}" IS NULL' if v is None else f'"{col}" = {_lit(v)}'
+    """`col` holds v; a date or time as an instant (julianday), so "2026-12-17T22:04:19" matches "... 22:04:19"."""
+    if v is None:
+        return f'"{col}" IS NULL'
+    if isinstance(v, str) and _DATE.match(v):
+        return f'ABS(julianday("{col}") - julianday({_lit(v)})) < 1e-5'
+    return f'"{col}" = {_lit(v)}'
 
 
 def _id_like(col: str) -> bool:
@@ -324,13 +332,20 @@ def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: Stat
                 b.add(sql=sql, check="distance", kind="scalar", expected=va, initial_value=v0,
                       source="table_diff", table=table)
             else:
-                b.add(sql=sql, check="value_eq", expected=va, initial_value=v0, source="table_diff", table=table)
+                if isinstance(va, str) and _DATE.match(va):
+                    b.add(sql=f'SELECT 1 FROM "{table}" WHERE {key_sql(k)} AND {_where(c, va)}', check="exists",
+                          initial_value=0, source="table_diff", table=table)
+                else:
+                    b.add(sql=sql, check="value_eq", expected=va, initial_value=v0, source="table_diff", table=table)
 
 
 def _shared(col: str, a: Any, b: Any, ref: str = "") -> str:
     """A condition on `col` both values meet when they differ only in case and spacing, or one text
     contains the other; "" when they share nothing a condition can say. `ref` qualifies the column."""
     name = f'{ref}"{col}"'
+    if isinstance(a, str) and isinstance(b, str) and _DATE.match(" ".join(a.split())) and _DATE.match(" ".join(b.split())):
+        return f"ABS(julianday(TRIM({name})) - julianday({_lit(' '.join(a.split()))})) < 1e-5" \
+            if _same_instant(" ".join(a.split()), " ".join(b.split())) else ""
     if _loose(a, b):
         spaced = isinstance(a, str) and isinstance(b, str) and ("  " in a.strip()) != ("  " in b.strip())
         if spaced:  # one accepted value has doubled inner spaces: the verifier collapses them
@@ -338,6 +353,15 @@ def _shared(col: str, a: Any, b: Any, ref: str = "") -> str:
         return f"LOWER(TRIM({name})) = {_loose(a, b)}"
     part = _part(a, b)
     return f"{name} LIKE {_lit(_like(part))} ESCAPE '\\'" if part else ""
+
+
+def _same_instant(a: str, b: str) -> bool:
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(a.strip()) == dt.datetime.fromisoformat(b.strip())
+    except ValueError:
+        return False
 
 
 def _loose(a: Any, b: Any) -> str | None:

@@ -188,7 +188,11 @@ class Proposer:
                     and isinstance(left, int | float):  # abs(a - b) < eps (or > eps: reject): make a equal b
                 for x, y in self._close_values(events_before, left):
                     props += cells.updates(x, [y])
+                props += cells.date_shifts(left) + cells.date_shifts(-left)  # a difference of dates it computed
             props += cells.updates(left, _flip_value(op, bool(result), right, left))
+            if op in ("==", "!=") and (op == "==") != bool(result) and isinstance(left, int | float) \
+                    and isinstance(right, int | float) and not isinstance(left, bool) and left != right:
+                props += cells.date_shifts(right - left)  # `delta.days != 14`
             if op in _MIRROR:
                 props += cells.updates(right, _flip_value(_MIRROR[op], bool(result), left, right))
             if left is None and right is not None and op in ("==", "!=", "is", "is not"):
@@ -277,6 +281,11 @@ class Proposer:
                       state: Path) -> list[list[Edit]]:
         """A {key: value} map built from final rows (e.g. product -> quantity) made equal to the wanted one."""
         out: list[list[Edit]] = []
+        for sql in recent[:2]:  # every missing key at once, then one at a time
+            adds = [self._insert_row(sql, state, [k, v]) for k, v in list(want.items())[:MAX_ROWS_PER_COUNT]
+                    if k not in have and scalar(v)]
+            if len(adds) > 1 and all(adds):
+                out.append([e for p in adds for e in p])
         for k, v in list(want.items())[:50]:
             if not scalar(v):
                 continue
@@ -523,6 +532,29 @@ class _Cells:
                         out.append([Edit("update", table, {col: form}, rowid=rowid, alt=alt,
                                          why=f"{table}.{col} {cell!r} -> {form!r}")])
             if len(seen) >= 4:
+                break
+        return out
+
+    def date_shifts(self, days: float, cap: int = 4) -> list[list[Edit]]:
+        """Date cells (rows an edit touched first) moved by `days`, written in their own format."""
+        import datetime as dt
+
+        if not days or abs(days) > 3660:
+            return []
+        out = []
+        for _, table, col, rowid, cell in self.cells:
+            if not isinstance(cell, str) or not re.match(r"^\d{4}-\d{2}-\d{2}", cell):
+                continue
+            try:
+                moved = dt.datetime.fromisoformat(cell[:19].replace("T", " ")) + dt.timedelta(days=days)
+            except ValueError:
+                continue
+            text = moved.strftime("%Y-%m-%d") if len(cell) == 10 else cell[:10].replace(
+                cell[:10], moved.strftime("%Y-%m-%d")) + cell[10:]
+            if len(cell) > 10:
+                text = moved.strftime("%Y-%m-%d") + cell[10:11] + moved.strftime("%H:%M:%S") + cell[19:]
+            out.append([Edit("update", table, {col: text}, rowid=rowid, why=f"{table}.{col} {cell} {days:+g} days")])
+            if len(out) >= cap:
                 break
         return out
 
