@@ -231,6 +231,16 @@ STYLES = {  # upstream's LLM-written verifiers phrase the same checks in many wa
         return {"result": "others"}
     return {"result": "complete"}
 ''',
+    "row_factory": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    import sqlite3
+    conn = sqlite3.connect(f"file:{final_db_path}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    rows = conn.execute("SELECT title, owner_id FROM tickets WHERE status = 'open'").fetchall()
+    wanted = {("Broken chair", 1), ("Monitor dead", 3)}
+    if {(r["title"], r["owner_id"]) for r in rows} != wanted:
+        return {"result": "others"}
+    return {"result": "complete"}
+''',
     "row_must_be_gone": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
     import sqlite3
     conn = sqlite3.connect(final_db_path)

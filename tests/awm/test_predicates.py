@@ -221,6 +221,10 @@ def test_jsonl_round_trip_and_coverage(bundled_records, tmp_path, capsys):
     assert cov["with_progress_predicate"]["with"] == n_mut and cov["reference_phi_is_1"]["share"] == 1.0
     assert main(["coverage", str(path)]) == 0
     assert json.loads(capsys.readouterr().out)["tasks"] == 10
+    assert main(["coverage", str(path), "--per-task"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    per_task = [line for line in lines if line.startswith("library_lending_1/")]
+    assert len(per_task) == 10 and all("reference_replay" in line for line in per_task)
     from awm.cli import main as awm_main  # the same command through `awm predicates ...`
 
     assert awm_main(["predicates", "coverage", str(path)]) == 0

@@ -328,6 +328,9 @@ def coverage(records: list[TaskPredicates]) -> dict[str, Any]:
         "reference_verdict_complete": share(replayed, lambda r: r.verdict_reference == "complete"),
         "replay_ok": share(replayed, lambda r: r.replay_ok),
         "wrong_solution_phi_below_1": share(wrong, lambda r: r.phi_wrong is not None and r.phi_wrong < 1.0),
+        "validated_by": dict(Counter(r.validation.get("method", "none") for r in records if r.predicates)),
+        "verifier_states_agree": dict(Counter(str(r.validation.get("agrees")) for r in records
+                                              if r.validation.get("method") == "verifier_states")),
         "notes": sorted({r.note for r in records if r.note}),
     }
 
@@ -402,10 +405,20 @@ def main(argv: list[str] | None = None) -> int:
                     f"{MAX_EPISODES_PER_TASK} a task)")
     sp = sub.add_parser("coverage", help="print the coverage report of a predicates JSONL")
     sp.add_argument("predicates", help="predicates JSONL file")
+    sp.add_argument("--per-task", action="store_true",
+                    help="also one line per task: type, predicates, how they were validated, the evidence or note")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.action == "coverage":
-        print(json.dumps(coverage(read_predicates(args.predicates)), indent=1))
+        records = read_predicates(args.predicates)
+        print(json.dumps(coverage(records), indent=1))
+        if args.per_task:
+            for r in records:
+                v = r.validation
+                how = (f"{v.get('method')}: {v.get('states_checked', 0)} states checked, agrees {v.get('agrees')}"
+                       if v else "not validated")
+                print(f"{r.scenario}/{r.task_idx}\t{r.task_type}\t{len(r.predicates)} progress, "
+                      f"{len(r.preservation)} preservation\t{how}\t{r.evidence or r.note}")
         return 0
     llm = None
     if args.llm:

@@ -34,6 +34,8 @@ _TRACE_WRAPPER = '''_awm_log = []
 
 
 def _awm_summary(value, depth=0):
+    if type(value).__name__ == "Row" and hasattr(value, "keys"):  # sqlite3.Row: its values, as a tuple
+        value = tuple(value)
     if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
