@@ -241,6 +241,38 @@ STYLES = {  # upstream's LLM-written verifiers phrase the same checks in many wa
         return {"result": "others"}
     return {"result": "complete"}
 ''',
+"datetime_after": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    import sqlite3
+    from datetime import datetime
+    def one(p, q, a=()):
+        c = sqlite3.connect(p); r = c.execute(q, a).fetchone(); c.close(); return r
+    before = one(initial_db_path, "SELECT due_date FROM tasks WHERE id = ?", (2,))
+    after = one(final_db_path, "SELECT due_date, status FROM tasks WHERE id = ?", (2,))
+    if not after:
+        return {"result": "others"}
+    if datetime.fromisoformat(after[0]) - datetime.fromisoformat(before[0]) != __import__("datetime").timedelta(days=7):
+        return {"result": "others"}
+    return {"result": "complete" if after[1] == "in_progress" else "others"}
+''',
+"json_tags": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    import sqlite3, json
+    c = sqlite3.connect(final_db_path)
+    row = c.execute("SELECT tags FROM tasks WHERE title = 'Write report'").fetchone()
+    if row is None:
+        return {"result": "others"}
+    tags = json.loads(row[0] or "[]")
+    return {"result": "complete" if "urgent" in tags else "others"}
+''',
+"new_row_count_by_user": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
+    import sqlite3
+    def n(p):
+        return sqlite3.connect(p).execute("SELECT COUNT(*) FROM tasks WHERE owner = 'ann'").fetchone()[0]
+    if n(final_db_path) - n(initial_db_path) != 2:
+        return {"result": "others"}
+    rows = sqlite3.connect(final_db_path).execute("SELECT title FROM tasks WHERE owner = 'ann' ORDER BY id DESC LIMIT 2").fetchall()
+    titles = sorted(r[0].lower() for r in rows)
+    return {"result": "complete" if titles == ["buy milk", "call bob"] else "others"}
+''',
     "row_must_be_gone": '''def verify_task_completion(initial_db_path, final_db_path, final_answer=None):
     import sqlite3
     conn = sqlite3.connect(final_db_path)
@@ -265,7 +297,12 @@ def test_verifier_styles_are_searched_through_to_agreeing_predicates(name, tmp_p
     conn.executescript("CREATE TABLE tickets (id INTEGER PRIMARY KEY, title TEXT NOT NULL, owner_id INTEGER, "
                        "status TEXT NOT NULL DEFAULT 'open', created_at TEXT);"
                        "INSERT INTO tickets VALUES (1, 'Broken chair', 1, 'open', '2026-01-01'), "
-                       "(2, 'No coffee', 2, 'closed', '2026-01-02'), (3, 'Lamp flickers', 1, 'open', '2026-01-03');")
+                       "(2, 'No coffee', 2, 'closed', '2026-01-02'), (3, 'Lamp flickers', 1, 'open', '2026-01-03');"
+                       "CREATE TABLE tasks (id INTEGER PRIMARY KEY, title TEXT NOT NULL, owner TEXT, status TEXT, "
+                       "due_date TEXT, cost REAL, tags TEXT);"
+                       "INSERT INTO tasks VALUES (1, 'Write report', 'ann', 'todo', '2026-01-10', 10.5, '[\"work\"]'), "
+                       "(2, 'Fix bike', 'bob', 'todo', '2026-02-01', 20.25, '[]'), "
+                       "(3, 'Pay rent', 'ann', 'done', '2026-01-01', 1200.0, NULL);")
     conn.close()
     code = STYLES[name]
     with VerifierSandbox() as sandbox:

@@ -346,6 +346,8 @@ def _shared(col: str, a: Any, b: Any, ref: str = "") -> str:
     if isinstance(a, str) and isinstance(b, str) and _DATE.match(" ".join(a.split())) and _DATE.match(" ".join(b.split())):
         return f"ABS(julianday(TRIM({name})) - julianday({_lit(' '.join(a.split()))})) < 1e-5" \
             if _same_instant(" ".join(a.split()), " ".join(b.split())) else ""
+    if _same_json(a, b):  # one JSON value written two ways: compared as JSON
+        return f"json({name}) = json({_lit(a)})"
     if _loose(a, b):
         spaced = isinstance(a, str) and isinstance(b, str) and ("  " in a.strip()) != ("  " in b.strip())
         if spaced:  # one accepted value has doubled inner spaces: the verifier collapses them
@@ -353,6 +355,15 @@ def _shared(col: str, a: Any, b: Any, ref: str = "") -> str:
         return f"LOWER(TRIM({name})) = {_loose(a, b)}"
     part = _part(a, b)
     return f"{name} LIKE {_lit(_like(part))} ESCAPE '\\'" if part else ""
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    if not (isinstance(a, str) and isinstance(b, str)) or a == b or a.lstrip()[:1] not in "[{":
+        return False
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
 
 
 def _same_instant(a: str, b: str) -> bool:

@@ -173,6 +173,7 @@ class Proposer:
             if items is None or not scalar(left):
                 return props
             if want_in:
+                props += cells.json_lists(items or [], left)  # a JSON list column, decoded by the verifier
                 if items:
                     props += cells.updates(left, [items[0]])
                 for sql in recent[:3]:
@@ -202,9 +203,12 @@ class Proposer:
                 for sql in recent[:2]:  # `row = cur.fetchone(); if row is None:` -- the query found no row
                     if not ro_rows(state, sql):
                         props += self._inserts(sql, state, 1)
-            for sql in recent[:2]:  # SELECT COUNT(*) ...: the number compared is a row count
-                if isinstance(left, int) and not isinstance(left, bool) and self._counted(sql, state) == left:
+            for sql in recent[:2]:  # SELECT COUNT(*) ...: the number compared is a row count (or a difference)
+                counted = self._counted(sql, state) if isinstance(left, int) and not isinstance(left, bool) else None
+                if counted is not None and counted == left:
                     props += self._count_change(left, op, right, bool(result), [sql], state)
+                elif counted is not None and isinstance(right, int) and op in ("==", "!=") and (op == "==") != bool(result):
+                    props += self._count_change(counted, "==", counted + right - left, False, [sql], state)
             return props
         if right is None and _seq(left) is not None and (op in ("is not", "!=")) == bool(result):
             for sql in recent[:2]:  # `if row is not None: return others`: the row must go
@@ -248,6 +252,10 @@ class Proposer:
                     out.append(parts)
             if len(sa) == len(sb) and len(sa) > 1 and all(scalar(x) for x in sa):  # two rows as tuples
                 diffs = [(x, y) for x, y in zip(sa, sb, strict=True) if not same(x, y) and scalar(y)]
+                if len(diffs) > 1:  # a column of several rows (titles of the new rows): one cell per row
+                    spread = cells.spread_updates(diffs)
+                    if spread:
+                        out.append(spread)
                 for row in cells.best_rows(sa):
                     if len(diffs) > 1:  # every differing position at once, columns matched by value
                         out += cells.assignments(row, diffs)
@@ -534,6 +542,36 @@ class _Cells:
             if len(seen) >= 4:
                 break
         return out
+
+    def spread_updates(self, diffs: list[tuple[Any, Any]]) -> list[Edit]:
+        """One update per (have, want) pair, each on another row's cell holding `have` (touched rows first)."""
+        used: set[tuple[str, int]] = set()
+        out = []
+        for x, y in diffs:
+            hit = next(((t, c, r) for _, t, c, r, cell in self.cells if (t, r) not in used and same(cell, x)), None)
+            if hit is None:
+                return []
+            used.add((hit[0], hit[2]))
+            out.append(Edit("update", hit[0], {hit[1]: self.search.canon(y)}, rowid=hit[2], why=f"{x!r} -> {y!r}"))
+        return out
+
+    def json_lists(self, items: list[Any], value: Any) -> list[list[Edit]]:
+        """Cells holding a JSON list equal to `items`, with `value` appended."""
+        import json
+
+        out = []
+        for _, table, col, rowid, cell in self.cells:
+            if not isinstance(cell, str) or not cell.lstrip().startswith("["):
+                continue
+            try:
+                decoded = json.loads(cell)
+            except ValueError:
+                continue
+            if isinstance(decoded, list) and decoded == items and scalar(value):
+                out.append([Edit("update", table, {col: json.dumps(decoded + [value])}, rowid=rowid,
+                                 alt={col: json.dumps(decoded + [value], separators=(",", ":"))},  # same JSON
+                                 why=f"{table}.{col}: add {value!r} to its JSON list")])
+        return out[:2]
 
     def date_shifts(self, days: float, cap: int = 4) -> list[list[Edit]]:
         """Date cells (rows an edit touched first) moved by `days`, written in their own format."""

@@ -34,8 +34,13 @@ _TRACE_WRAPPER = '''_awm_log = []
 
 
 def _awm_summary(value, depth=0):
-    if type(value).__name__ == "Row" and hasattr(value, "keys"):  # sqlite3.Row: its values, as a tuple
+    kind = type(value).__name__
+    if kind == "Row" and hasattr(value, "keys"):  # sqlite3.Row: its values, as a tuple
         value = tuple(value)
+    elif kind == "timedelta" and hasattr(value, "total_seconds"):  # as days: numbers the search can act on
+        return value.total_seconds() / 86400
+    elif kind in ("datetime", "date") and hasattr(value, "isoformat"):
+        return value.isoformat(" ") if kind == "datetime" else value.isoformat()
     if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
