@@ -31,6 +31,7 @@ copies of s0; conditions taken from its SQL text are only ever run read-only.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from awm.verifier import VerifierSandbox
 
 MAX_RUNS = 300  # observed verifier runs per task (a few ms each)
 MAX_EDITS = 24
+MAX_SECONDS = 60.0  # wall time of one task's search
 
 
 @dataclass
@@ -113,19 +115,24 @@ def _better(out: Outcome, best: Outcome) -> bool:
             and _last_check(out) != _last_check(best))
 
 def search(sandbox: VerifierSandbox, code: str, s0: Path, workdir: Path, *, task: str = "",
-           max_runs: int = MAX_RUNS) -> GoalSearch:
+           max_runs: int = MAX_RUNS, max_seconds: float = MAX_SECONDS) -> GoalSearch:
     """Look for final states the verifier accepts, starting from s0 (module docstring).
 
     `task`: the task's text; strings it quotes give the surface form of values the verifier compares
     only after normalising (lower case, spaces), so a target reads as an agent would write it.
+    `max_runs` / `max_seconds` bound the search (a slow verifier spends seconds a run).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     s = _Search(sandbox, code, Path(s0), workdir, max_runs, task)
+    deadline = time.monotonic() + max_seconds
     edits: list[Edit] = []
     best, state = s.observe(edits)
     tried: set[str] = set()
     result = GoalSearch()
     while best.verdict != "complete" and s.runs < max_runs and len(edits) < MAX_EDITS:
+        if time.monotonic() > deadline:
+            result.reason = f"no accepting state within {max_seconds:g} s ({s.runs} verifier runs)"
+            break
         if best.verdict == "error" and not best.events:
             result.reason = f"the verifier does not run on the initial state: {best.detail or 'sandbox error'}"
             break
@@ -134,7 +141,7 @@ def search(sandbox: VerifierSandbox, code: str, s0: Path, workdir: Path, *, task
         for proposal in s.proposer.propose(best.events, state, edits):
             cand = extend(edits, proposal)
             key = "|".join(e.key() for e in cand)
-            if key in tried or s.runs >= max_runs:
+            if key in tried or s.runs >= max_runs or time.monotonic() > deadline:
                 continue
             tried.add(key)
             out, cand_state = s.observe(cand)
