@@ -304,7 +304,7 @@ def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: Stat
             continue
         cond = " AND ".join([_where(c, row[c]) for c in stable]
                             + [_shared(c, row[c], twin.get(c)) for c in checked if c not in stable
-                               and _shared(c, row[c], twin.get(c))])
+                               and _shared(c, row[c], twin.get(c))] + _new_row(pk, r0))
         b.add(sql=f'SELECT 1 FROM "{table}" WHERE {cond}', check="exists", expected=None, initial_value=0,
               source="table_diff", table=table)
     for k in sorted(r0.keys() - ra.keys(), key=repr):  # removed rows
@@ -337,6 +337,16 @@ def _table_diff(b: _Builder, table: str, s0: Path, a: Path, bb: Path, info: Stat
                           initial_value=0, source="table_diff", table=table)
                 else:
                     b.add(sql=sql, check="value_eq", expected=va, initial_value=v0, source="table_diff", table=table)
+
+
+def _new_row(pk: list[str], r0: dict[tuple, Any]) -> list[str]:
+    """`a row that was not there at s0`, by its integer key, whatever key it got."""
+    if len(pk) != 1 or not _id_like(pk[0]) or not r0:
+        return []
+    keys = sorted(k[0] for k in r0 if isinstance(k[0], int))
+    if len(keys) > 2000:
+        return [f'"{pk[0]}" > {keys[-1]}']
+    return [f'"{pk[0]}" NOT IN ({", ".join(map(str, keys))})'] if keys else []
 
 
 def _shared(col: str, a: Any, b: Any, ref: str = "") -> str:

@@ -264,10 +264,12 @@ class Proposer:
             missing = [y for y in sb if scalar(y) and not any(same(y, x) for x in sa)]
             extra = [x for x in sa if scalar(x) and not any(same(y, x) for y in sb)]
             options = [self._change_row(key, cells) for key in missing[:3]]
+            undo = [Edit("undo", text=e.key(), why=f"row {key} must not change") for key in extra[:2]
+                    for e in self.edits_on(key)]
             for i in range(3):  # keys the verifier wants among changed rows: change all of them at once
                 combined = [o[min(i, len(o) - 1)][0] for o in options if o]
-                if len(combined) > 1:
-                    out.append(combined)
+                if len(combined) > 1 or (combined and undo):
+                    out.append(undo + combined)
             for o in options:
                 out += o
             for key in extra[:2]:  # a row one of our edits changed that must stay as it was
