@@ -17,6 +17,7 @@ import sys
 
 import pytest
 from awm.episode import EnvRuntime
+from awm.runtime.pool import WorkerCrashed
 from conftest import write_scenarios
 
 PROBE_APP = r'''
@@ -61,7 +62,25 @@ def _unix(path):
     return "connected"
 
 
+class _Payload:
+    """Unpickling this opens a file for writing: code execution in whoever unpickles it."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _forge(path):
+    import pickle, struct, sys
+    body = pickle.dumps((1, True, _Payload(path)))
+    os.write(int(sys.argv[1]), struct.pack(">I", len(body)) + body)  # the worker's own socket to the pool
+    return "sent"
+
+
 PROBES = {
+    "forge": _forge,
     "parent_environ": lambda arg: open(f"/proc/{os.getppid()}/environ", "rb").read(),
     "parent_mem": lambda arg: open(f"/proc/{os.getppid()}/mem", "rb").read(1),
     "vm_read": _vm_read,
@@ -140,6 +159,28 @@ def test_environment_code_cannot_leave_its_worker(probe_data_dir, cache_dir, tmp
     assert escaped == {}
     assert protections["lockdown"] and protections["seccomp_no_fork"] and protections["network_isolated"]
     assert not outside.exists() and bystander.poll() is None
+
+
+def test_a_forged_frame_is_parsed_as_data_and_kills_its_worker(probe_data_dir, cache_dir, tmp_path):
+    """Env code writes a pickle frame on its inherited socket: the pool reads frames as bounded JSON, so
+    nothing runs in the trainer; the frame breaks the protocol, the worker is killed, the call fails as an
+    infrastructure error, and the next episode runs on a fresh worker."""
+    mark = tmp_path / "ran-in-the-trainer.txt"
+
+    async def main():
+        with EnvRuntime(probe_data_dir, num_workers=1, cache_dir=cache_dir) as rt:
+            ep = await rt.open("probe")
+            with pytest.raises(Exception) as caught:
+                await ep.call("probe", {"what": "forge", "arg": str(mark)})
+            restarts = rt.pool.restarts
+            again = await rt.open("probe")
+            healthy = await _probe(again, "fork")
+            return caught.value, restarts, healthy
+
+    exc, restarts, healthy = asyncio.run(main())
+    assert not mark.exists()
+    assert "protocol" in str(exc) or isinstance(exc, WorkerCrashed), exc
+    assert restarts >= 1 and "detail" in healthy
 
 
 def test_sandbox_does_not_break_a_real_scenario(fault_data_dir, cache_dir):

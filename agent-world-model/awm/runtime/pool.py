@@ -108,7 +108,13 @@ class _WorkerProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        for req_id, ok, result in wire.decode_all(self.buffer):
+        try:
+            replies = wire.decode_all(self.buffer, wire.REPLY)
+        except wire.FrameError as exc:  # the worker's code wrote something that is not a reply: kill it
+            self.buffer.clear()
+            self.pool._on_death(self.slot, self.generation, f"worker {self.slot.index} broke the protocol ({exc})")
+            return
+        for req_id, ok, result in replies:
             self.pool._reply(self.slot, self.generation, req_id, ok, result)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -228,8 +234,9 @@ class WorkerPool:
         if item is not None and not item.future.done():
             if ok:
                 item.future.set_result(result)
-            else:
-                item.future.set_exception(WorkerRequestError(result))
+            else:  # the worker's words: an error record, or whatever its code put there
+                info = result if isinstance(result, dict) else {"type": "ProtocolError", "message": repr(result)[:300]}
+                item.future.set_exception(WorkerRequestError(info))
 
     def _on_death(self, slot: WorkerSlot, generation: int, reason: str, exc_type: type = WorkerCrashed,
                   recycled: bool = False) -> None:
@@ -313,12 +320,17 @@ class WorkerPool:
             fut.set_exception(WorkerCrashed(slot.dead_reason or f"worker {slot.index} was replaced"))
             return fut
         req_id = next(self._ids)
+        try:
+            frame = wire.encode((req_id, op, payload))
+        except ValueError as exc:  # arguments JSON cannot carry: this request fails, nothing else
+            fut.set_exception(WorkerRequestError({"type": "ValueError", "message": str(exc)}))
+            return fut
         now = time.monotonic()
         idle = not slot.pending
         if idle:
             slot.head_started = now
         slot.pending[req_id] = _Pending(fut, op, timeout_s, now)
-        slot.outbox.append(wire.encode((req_id, op, payload)))
+        slot.outbox.append(frame)
         if slot.transport is None:
             pass  # `_connect` writes the outbox
         elif idle and not slot.flush_scheduled:

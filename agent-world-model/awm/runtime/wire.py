@@ -1,14 +1,17 @@
-"""Frames between the worker pool and its workers: 4-byte big-endian length + pickle.
+"""Frames between the worker pool and its workers: 4-byte big-endian length + JSON (UTF-8).
 
-Both ends are ours and run the same code, so pickle is safe here; the framing lets the
-caller's side parse many replies from one `recv` (fewer system calls per tool call).
+A worker runs generated environment code, so every byte it sends is input from an adversary: frames are
+parsed as bounded data (JSON, at most `MAX_FRAME` bytes, nesting limited by the parser) and checked for
+the message's shape, never unpickled or executed. A frame that is not valid is a protocol violation:
+`decode_all` raises `FrameError`, and the pool kills the worker (its requests fail as infrastructure
+errors). The framing lets the caller parse many replies from one `recv` (fewer system calls per call).
 """
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
-import pickle
 import socket
 import struct
 import tempfile
@@ -16,24 +19,54 @@ import time
 from typing import Any
 
 _HEADER = struct.Struct(">I")
+MAX_FRAME = 64 << 20  # a tool's observation is capped far below this; a larger frame is an attack or a bug
+
+
+class FrameError(ValueError):
+    """A frame that is not a valid message: the peer is broken or hostile."""
 
 
 def encode(message: Any) -> bytes:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    """One frame; raises ValueError for values JSON cannot carry (bytes, sets, objects, a nesting too deep)."""
+    try:
+        body = json.dumps(message, separators=(",", ":")).encode("utf-8")
+    except (TypeError, RecursionError) as exc:
+        raise ValueError(f"message cannot be sent as JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if len(body) > MAX_FRAME:
+        raise ValueError(f"message of {len(body)} bytes is over the {MAX_FRAME}-byte frame limit")
     return _HEADER.pack(len(body)) + body
 
 
-def decode_all(buffer: bytearray) -> list[Any]:
-    """Remove and return every complete message at the start of `buffer`."""
+def decode_all(buffer: bytearray, shape: tuple[type, ...] | None = None) -> list[Any]:
+    """Remove and return every complete message at the start of `buffer`.
+
+    `shape`: the types of the message's fields (a JSON array of exactly that many); FrameError on any
+    frame that is too long, not UTF-8 JSON, too deeply nested, or of another shape.
+    """
     out, pos = [], 0
-    while len(buffer) - pos >= _HEADER.size:
-        (n,) = _HEADER.unpack_from(buffer, pos)
-        if len(buffer) - pos - _HEADER.size < n:
-            break
-        out.append(pickle.loads(buffer[pos + _HEADER.size: pos + _HEADER.size + n]))
-        pos += _HEADER.size + n
-    del buffer[:pos]
+    try:
+        while len(buffer) - pos >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(buffer, pos)
+            if n > MAX_FRAME:
+                raise FrameError(f"frame of {n} bytes is over the {MAX_FRAME}-byte limit")
+            if len(buffer) - pos - _HEADER.size < n:
+                break
+            try:
+                message = json.loads(bytes(buffer[pos + _HEADER.size: pos + _HEADER.size + n]).decode("utf-8"))
+            except (ValueError, RecursionError) as exc:
+                raise FrameError(f"frame is not a JSON message: {type(exc).__name__}") from None
+            if shape is not None and not (isinstance(message, list) and len(message) == len(shape) and all(
+                    isinstance(v, t) and not (t is int and isinstance(v, bool)) for v, t in zip(message, shape, strict=True))):
+                raise FrameError(f"message is not [{', '.join(t.__name__ for t in shape)}]")
+            out.append(message)
+            pos += _HEADER.size + n
+    finally:
+        del buffer[:pos]
     return out
+
+
+REPLY = (int, bool, object)  # (request id, ok, result): what a worker sends
+REQUEST = (int, str, dict)  # (request id, op, payload): what the pool sends
 
 
 def recv_messages(sock: socket.socket, buffer: bytearray) -> list[Any] | None:

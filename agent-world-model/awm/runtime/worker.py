@@ -260,11 +260,15 @@ async def serve(sock: socket.socket, config: dict[str, Any]) -> None:
     try:
         while data := await loop.sock_recv(sock, 1 << 16):
             buffer += data
-            for req_id, op, payload in wire.decode_all(buffer):
+            for req_id, op, payload in wire.decode_all(buffer, wire.REQUEST):
                 if progress is not None:
                     progress.started(req_id)
                 ok, result = await worker.handle(op, payload)
-                replies.add(wire.encode((req_id, ok, result)))
+                try:
+                    frame = wire.encode((req_id, ok, result))
+                except ValueError as exc:  # e.g. bytes in an observation: the call fails, the worker lives
+                    frame = wire.encode((req_id, False, {"type": "ValueError", "message": str(exc)}))
+                replies.add(frame)
             if out := replies.take():
                 await loop.sock_sendall(sock, out)
     except (ConnectionError, OSError):
