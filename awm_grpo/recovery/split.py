@@ -53,10 +53,11 @@ import logging
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from awm.solutions import EPISODE_FILES, RecordedEpisode, episode_paths, read_episodes
+from awm.solutions import EpisodeFormatError as TraceFormatError
 
 from awm_grpo import protocol
 
@@ -128,87 +129,7 @@ async def _handover(runtime: Any, tracker_args: tuple, scenario: str, idx: int, 
         await ep.close()
 
 
-EPISODE_FILES = ("trace JSONL of recorded episodes of any policy: <SAVE_DIR>/traces/rollout_*.jsonl or "
-                 "eval_*.jsonl written by training, or the file of `python -m awm_grpo.eval --out FILE`")
 NO_ENV_CODE = "no environment code (gen_envs row) for this scenario: episodes cannot be played"
-
-
-class TraceFormatError(ValueError):
-    """A line of an `--episodes` file is not an episode record; the message names the file and line."""
-
-
-@dataclass(frozen=True)
-class RecordedEpisode:
-    """The part of one trace record a handover needs: which task, and the tool calls it ran in order."""
-
-    where: str  # file:line
-    scenario: str
-    task_idx: int
-    calls: list[dict[str, Any]]  # {"tool", "arguments"}; catalogue and invalid calls left out
-    infra_error: bool
-    from_handover: bool  # it started from a damaged state of a split, not from the task's initial state
-    final_answer: str | None = None
-
-
-def episode_paths(path: str | Path) -> list[Path]:
-    """A trace file, or a trace folder's step files (rollout_*.jsonl, eval_*.jsonl; not live.jsonl)."""
-    path = Path(path)
-    if not path.is_dir():
-        return [path]
-    found = sorted(path.glob("rollout_*.jsonl")) + sorted(path.glob("eval_*.jsonl"))
-    if not found:
-        raise FileNotFoundError(f"--episodes {path} is a folder without rollout_*.jsonl or eval_*.jsonl: pass "
-                                f"{EPISODE_FILES}")
-    return found
-
-
-def read_episodes(path: str | Path) -> Iterator[RecordedEpisode]:
-    """The episodes of one trace file, line by line (a training step's file can be large).
-
-    Every non-blank line must be an episode record; anything else raises TraceFormatError naming the
-    file and line, so that no episode is dropped unnoticed."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--episodes {path} does not exist: pass {EPISODE_FILES}")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if line.strip():
-                yield _episode(line, f"{path}:{n}")
-
-
-def _episode(line: str, where: str) -> RecordedEpisode:
-    def bad(problem: str) -> TraceFormatError:
-        return TraceFormatError(f"{where}: {problem}; --episodes takes {EPISODE_FILES} (live.jsonl is only "
-                                "the live view, without the calls)")
-
-    try:
-        r = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise bad(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(r, dict):
-        raise bad("not a JSON object")
-    if not isinstance(r.get("scenario"), str) or not r["scenario"]:
-        raise bad("no 'scenario' string: not an episode record")
-    if not isinstance(r.get("task_idx"), int) or isinstance(r["task_idx"], bool):
-        raise bad("no integer 'task_idx': not an episode record")
-    if not isinstance(r.get("turns"), list):
-        raise bad("no 'turns' list: not an episode record")
-    calls = []
-    for t, turn in enumerate(r["turns"]):
-        if not isinstance(turn, dict) or not isinstance(turn.get("calls", []), list):
-            raise bad(f"turn {t} is not an object with a 'calls' list")
-        for c in turn.get("calls") or []:
-            if not isinstance(c, dict):
-                raise bad(f"turn {t} has a call that is not an object")
-            if "name" not in c or c.get("catalogue") or c["name"] == protocol.LIST_TOOLS:
-                continue  # an invalid call (never reached the environment) or the tool catalogue
-            args = c.get("arguments")
-            if not isinstance(c["name"], str) or not (args is None or isinstance(args, dict)):
-                raise bad(f"turn {t} has a call without a tool name string and an arguments object")
-            calls.append({"tool": c["name"], "arguments": args or {}})
-    answer = r.get("final_answer")
-    return RecordedEpisode(where, r["scenario"], r["task_idx"], calls, bool(r.get("infra_error")),
-                           bool(r.get("handover")), answer if isinstance(answer, str) else None)
 
 
 async def _damaging_call(runtime: Any, predicates: str, episode: RecordedEpisode,
@@ -291,8 +212,8 @@ async def build(out: Path, *, data_dir: str | None, predicates: str | None, scen
     for ep in recorded:
         if ep.scenario not in names or not 0 <= ep.task_idx < len(dataset.tasks(ep.scenario)):
             runtime.close()
-            raise TraceFormatError(f"{ep.where}: task {ep.scenario}#{ep.task_idx} is not in "
-                                   f"{dataset.data_dir}: pass the --data-dir the episodes were played on")
+            raise TraceFormatError(ep.where, f"task {ep.scenario}#{ep.task_idx} is not in {dataset.data_dir}",
+                                   "pass the --data-dir the episodes were played on")
     out.mkdir(parents=True, exist_ok=True)
     (out / "states").mkdir(exist_ok=True)
     pred_path = out / "predicates.jsonl"
@@ -586,7 +507,6 @@ def main(argv: list[str] | None = None) -> int:
                    "default an episode without one also hands over at its first write after its last progress "
                    "that changed rows without raising Phi, when the verifier rejects its replayed end state (a "
                    "wrong write on rows the predicates do not watch)")
-    b.add_argument("--unproductive-writes", action="store_true", help=argparse.SUPPRESS)  # the default now
     b.add_argument("--max-per-task", type=int, default=2,
                    help="handovers per task from each source: wrong writes, recorded episodes (default 2)")
     b.add_argument("--max-observation-chars", type=int, default=2000)

@@ -49,7 +49,7 @@ from awm.predicates.predicate import (
 )
 from awm.predicates.tool_labels import task_type
 from awm.predicates.verifier_analysis import analyse, traced_run
-from awm.solutions import Solution, load_solutions, replay
+from awm.solutions import EpisodeFormatError, Solution, episode_paths, load_solutions, read_episodes, replay
 
 log = logging.getLogger(__name__)
 MIN_REPLAY_GAP_S = 1.1  # replays A and B at least this far apart: second-resolution clocks differ
@@ -96,34 +96,19 @@ MAX_EPISODES_PER_TASK = 8
 
 
 def load_episodes(paths: list[str]) -> dict[tuple[str, int], list[tuple[list[dict[str, Any]], str | None]]]:
-    """Recorded episodes as (calls, final answer) per task, to check predicates on the states they reach.
-
-    A line is either a trace record of training or evaluation (`turns` with their `calls`) or a plain
-    {"scenario", "task_idx", "calls": [{"tool", "arguments"}], "final_answer"} record. Infrastructure
-    failures are skipped; a line of another shape raises ValueError naming the file and line.
-    """
+    """Recorded episodes (`awm.solutions.read_episodes`) as (calls, final answer) per task, to check
+    predicates on the states they reach. Infrastructure failures are skipped; a line that is not an episode
+    record raises ValueError naming the file and line."""
     out: dict[tuple[str, int], list[tuple[list[dict[str, Any]], str | None]]] = {}
-    for path in paths:
-        for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                key = (str(rec["scenario"]), int(rec["task_idx"]))
-                if rec.get("infra_error"):
-                    continue
-                if "calls" in rec:
-                    calls = [{"tool": str(c["tool"]), "arguments": dict(c.get("arguments") or {})} for c in rec["calls"]]
-                else:
-                    calls = [{"tool": str(c["name"]), "arguments": dict(c.get("arguments") or {})}
-                             for turn in rec["turns"] for c in turn.get("calls") or []
-                             if "name" in c and c["name"] not in ("list_tools", "call_tool")]
-                answer = rec.get("final_answer")
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise ValueError(f"{path}:{n}: not an episode record ({type(exc).__name__}: {exc}); pass trace "
-                                 "files of training (traces/rollout_*.jsonl) or awm_grpo.eval --out, or "
-                                 "{scenario, task_idx, calls, final_answer} lines") from None
-            out.setdefault(key, []).append((calls, answer if isinstance(answer, str) else None))
+    for path in [f for p in paths for f in episode_paths(p)]:
+        try:
+            for ep in read_episodes(path):
+                if not ep.infra_error:
+                    out.setdefault((ep.scenario, ep.task_idx), []).append((ep.calls, ep.final_answer))
+        except EpisodeFormatError as exc:
+            raise ValueError(f"{exc.where}: not an episode record ({exc.problem}); pass trace files of training "
+                             "(traces/rollout_*.jsonl) or awm_grpo.eval --out, or {scenario, task_idx, calls, "
+                             "final_answer} lines") from None
     return out
 
 

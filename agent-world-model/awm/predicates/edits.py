@@ -13,12 +13,11 @@ import math
 import re
 import shutil
 import sqlite3
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-_RO_TIMEOUT_S = 2.0
+from awm.predicates.predicate import run_query
 
 
 @dataclass
@@ -115,16 +114,12 @@ def scalar(v: Any) -> bool:
 
 
 def ro_rows(db: Path, sql: str) -> list[tuple] | None:
-    """Rows of a query (possibly built from the verifier's SQL) on a read-only connection with a deadline."""
-    conn = sqlite3.connect(f"file:{db.resolve()}?mode=ro", uri=True)
-    deadline = time.monotonic() + _RO_TIMEOUT_S
-    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    """Rows (at most 1,000) of a query, possibly built from the verifier's SQL, read-only with a deadline;
+    None when it fails."""
     try:
-        return [tuple(r) for r in conn.execute(sql).fetchmany(1000)]
+        return run_query(db, sql, max_rows=1000)
     except (sqlite3.Error, ValueError):
         return None
-    finally:
-        conn.close()
 
 
 def max_rowid(db: Path, table: str) -> int:

@@ -81,11 +81,8 @@ class _Search:
         self.proposer = Proposer(self.schema, s0, code, task)
         self.runs = 0
 
-    def materialize(self, edits: list[Edit], variant: int = 0) -> Path | None:
-        return self.states.materialize(edits, variant)
-
     def observe(self, edits: list[Edit]) -> tuple[Outcome, Path | None]:
-        state = self.materialize(edits)
+        state = self.states.materialize(edits)
         if state is None:
             return Outcome("error", [], -1, "an edit does not apply"), None
         self.runs += 1
@@ -160,19 +157,19 @@ def search(sandbox: VerifierSandbox, code: str, s0: Path, workdir: Path, *, task
         return result
     edits = _minimal(s, edits)
     answer = answer_of(edits)
-    a = s.materialize(edits, 0)
+    a = s.states.materialize(edits, 0)
     if a is None or _plain_verdicts(s, [a], answer).get(a) != "complete":
         result.reason = "the state the observed run accepted is rejected by the verifier itself"
         return result
     edits, result.free_columns = _free_columns(s, edits, answer)
-    b = s.materialize(edits, 1)
+    b = s.states.materialize(edits, 1)
     result.second_from_other_donors = b is not None and _plain_verdicts(s, [b], answer).get(b) == "complete"
     result.accepting = [a, b if result.second_from_other_donors else a]
     result.answer, result.edits = answer, edits
     checks = [Path(s0)]
     for n in range(len(edits)):  # each prefix, and each state missing one edit
         for cut in (edits[:n], edits[:n] + edits[n + 1:]):
-            p = s.materialize(cut, 0)
+            p = s.states.materialize(cut, 0)
             if p is not None:
                 checks.append(p)
     plain = _plain_verdicts(s, checks, answer)
@@ -197,7 +194,7 @@ def _free_columns(s: _Search, edits: list[Edit], answer: str | None) -> tuple[li
         e.alt = {}
 
     def passes() -> bool:
-        trial = s.materialize(edits, 1)
+        trial = s.states.materialize(edits, 1)
         return trial is not None and _plain_verdicts(s, [trial], answer).get(trial) == "complete"
 
     for e in edits:  # updates that only had to be truthy keep their alternative only if it passes too

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from awm.predicates.sql_shape import parse
 from awm.predicates.verifier_analysis import StaticInfo, required_count, variables_of
 
 CHECKS = {"exists", "not_exists", "count_eq", "count_gte", "value_eq", "rows_equal", "distance"}
@@ -136,13 +137,15 @@ def rows_digest(rows: list[tuple]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def run_query(db_path: str | Path, sql: str, *, timeout_s: float = 2.0) -> list[tuple]:
-    """Rows of `sql` on a read-only connection; raises sqlite3.Error (also when past `timeout_s`)."""
+def run_query(db_path: str | Path, sql: str, *, timeout_s: float = 2.0, max_rows: int | None = None) -> list[tuple]:
+    """Rows of `sql` (at most `max_rows`) on a read-only connection; raises sqlite3.Error (also when past
+    `timeout_s`)."""
     conn = sqlite3.connect(f"file:{Path(db_path).resolve()}?mode=ro", uri=True)
     deadline = time.monotonic() + timeout_s
     conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
     try:
-        return [tuple(r) for r in conn.execute(sql).fetchall()]
+        cur = conn.execute(sql)
+        return [tuple(r) for r in (cur.fetchall() if max_rows is None else cur.fetchmany(max_rows))]
     finally:
         conn.close()
 
@@ -443,8 +446,6 @@ def _shared_rows(b: _Builder, sql: str, s0: Path, r0: list[tuple], ra: list[tupl
 
 def _key_columns(db: Path, sql: str) -> set[int]:
     """Output positions of `sql` that are a table's single integer key (an id the database assigns)."""
-    from awm.predicates.sql_shape import parse
-
     conn = sqlite3.connect(f"file:{db.resolve()}?mode=ro", uri=True)
     try:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]

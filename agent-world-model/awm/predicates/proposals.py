@@ -589,10 +589,9 @@ class _Cells:
                 moved = dt.datetime.fromisoformat(cell[:19].replace("T", " ")) + dt.timedelta(days=days)
             except ValueError:
                 continue
-            text = moved.strftime("%Y-%m-%d") if len(cell) == 10 else cell[:10].replace(
-                cell[:10], moved.strftime("%Y-%m-%d")) + cell[10:]
+            text = moved.strftime("%Y-%m-%d")  # the cell's own separator and fractional seconds kept
             if len(cell) > 10:
-                text = moved.strftime("%Y-%m-%d") + cell[10:11] + moved.strftime("%H:%M:%S") + cell[19:]
+                text += cell[10:11] + moved.strftime("%H:%M:%S") + cell[19:]
             out.append([Edit("update", table, {col: text}, rowid=rowid, why=f"{table}.{col} {cell} {days:+g} days")])
             if len(out) >= cap:
                 break

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import socket
 import struct
 import tempfile
 import time
@@ -67,18 +66,6 @@ def decode_all(buffer: bytearray, shape: tuple[type, ...] | None = None) -> list
 
 REPLY = (int, bool, object)  # (request id, ok, result): what a worker sends
 REQUEST = (int, str, dict)  # (request id, op, payload): what the pool sends
-
-
-def recv_messages(sock: socket.socket, buffer: bytearray) -> list[Any] | None:
-    """Blocking read of at least one message; None when the peer closed the socket."""
-    while True:
-        messages = decode_all(buffer)
-        if messages:
-            return messages
-        chunk = sock.recv(1 << 16)
-        if not chunk:
-            return None
-        buffer += chunk
 
 
 class Progress:
