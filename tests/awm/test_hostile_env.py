@@ -148,6 +148,7 @@ def test_environment_code_cannot_leave_its_worker(probe_data_dir, cache_dir, tmp
     try:
         protections, results, own = asyncio.run(main())
     finally:
+        bystander_alive = bystander.poll() is None  # before our own kill below, which poll() may reap at once
         bystander.kill()
         tcp.close()
         unix.close()
@@ -158,7 +159,7 @@ def test_environment_code_cannot_leave_its_worker(probe_data_dir, cache_dir, tmp
     escaped = {name: r["detail"] for name, r in results.items() if not r["denied"]}
     assert escaped == {}
     assert protections["lockdown"] and protections["seccomp_no_fork"] and protections["network_isolated"]
-    assert not outside.exists() and bystander.poll() is None
+    assert not outside.exists() and bystander_alive
 
 
 def test_a_forged_frame_is_parsed_as_data_and_kills_its_worker(probe_data_dir, cache_dir, tmp_path):
