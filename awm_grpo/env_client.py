@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import errno
 import hashlib
 import itertools
 import json
 import logging
 import os
 import sqlite3
+import stat
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +120,7 @@ def close_runtimes() -> None:
 # ---- episode state: awm.database's state hash and change summary, each DB read once a change ----------
 
 _HEADER_BYTES = 100
+MAX_STATE_DB_BYTES = 64 << 20  # AWM-1K's DBs are KB to a few MB; reading 64 MiB a turn costs the driver ~0.5 s
 _TEMPLATES: dict[str, tuple[tuple[int, ...], str, dict[str, Any]]] = {}  # path -> (version, state hash, rows)
 _TEMPLATE_CACHE_SIZE = 64  # initial DBs (one a scenario) kept; the oldest is dropped past it
 _ROW_JSON = json.JSONEncoder(default=repr)  # what awm.database.state_hash's json.dumps(row, default=repr) uses
@@ -130,10 +133,13 @@ def db_version(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
     changes the file (the environment workers keep their journal in memory, so no other file is involved),
     and the commit rewrites the file (mtime); together with the inode and size, a stale match would need a
     file replaced by a same-sized one carrying the same counter within one timestamp tick. WAL-mode files
-    (header bytes 18-19 = 2), a journal or WAL file beside the DB, or a short header: None (always read)."""
-    fd = os.open(path, os.O_RDONLY)
+    (header bytes 18-19 = 2), a journal or WAL file beside the DB, or a short header: None (always read).
+    OSError when `path` is not a regular file: env code can put a FIFO there, whose open or read would block."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"not a regular file (mode {st.st_mode:o})", os.fspath(path))
         header = os.pread(fd, _HEADER_BYTES, 0)
     finally:
         os.close(fd)
@@ -250,6 +256,11 @@ class InProcessEnv:
         only when it changed since the last read (`db_version`), which a read-only call never does."""
         try:
             version = db_version(self.episode.db_path)
+            size = version[1] if version is not None else os.stat(self.episode.db_path).st_size
+            if size > MAX_STATE_DB_BYTES:  # env code can grow its DB; every changed turn reads it whole, here
+                raise EnvInfraError(f"episode {self.episode.id}: its DB has grown to {size >> 20} MiB, over the "
+                                    f"{MAX_STATE_DB_BYTES >> 20} MiB the trainer reads for a turn's state; an "
+                                    "environment that needs more is not a fit for per-turn state diffs")
             if version is None or version != self._state_version:
                 state = untouched_state(self.episode.initial_db, version) if not self._state else None
                 if state is None:
@@ -353,6 +364,9 @@ class McpEnv:
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         try:
             result = await self.session.call_tool(name, arguments)
+        except orjson.JSONEncodeError as exc:  # a lone surrogate, nesting past orjson's 255 levels: never sent
+            return ToolResult(f"Input validation error: the arguments cannot be sent to the tool ({exc})", True,
+                              "invalid_arguments")
         except McpError as exc:
             raise EnvInfraError(f"MCP tool {name!r}: {exc}") from exc
         meta = result.get("_meta") or {}

@@ -6,7 +6,10 @@ A reply is Qwen3-style text: optional `<think>...</think>`, then free text and z
 - no `<tool_call>` tag after the thinking -> the reply is the final answer (the episode ends);
 - a tag whose JSON does not parse, an unclosed tag, a missing or non-string name, arguments that
   are not an object (or a JSON string holding one) -> an `InvalidCall` the agent is told about in
-  its next observation (and that the reward may penalise), never silently `{}`.
+  its next observation (and that the reward may penalise), never silently `{}`;
+- JSON that parses but no layer below could carry (nested deeper than `MAX_ARGUMENT_DEPTH`, or text
+  with a lone UTF-16 surrogate such as `"\\ud800"`, which is not Unicode and cannot be encoded as
+  UTF-8) -> an `InvalidCall` too: the parser never raises, whatever the model wrote.
 
 Two tool modes (awm-format.md section 7):
 
@@ -27,6 +30,9 @@ LIST_TOOLS, CALL_TOOL = "list_tools", "call_tool"
 _THINK_END = "</think>"
 _CALL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _OPEN_TAG = "<tool_call>"
+MAX_ARGUMENT_DEPTH = 64  # nesting of a call's JSON; real tool arguments nest a few levels
+# What may hide a lone surrogate: a JSON escape of one (\ud800-\udfff), or one in the text itself.
+_SURROGATE_HINT = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
 
 META_SYSTEM_PROMPT = """You are an assistant working inside an application on behalf of its logged-in user (user id 1). \
 You act through the application's tools, which you reach with two functions:
@@ -98,12 +104,52 @@ def split_thinking(text: str) -> tuple[str, str]:
     return text[: cut + len(_THINK_END)], text[cut + len(_THINK_END):]
 
 
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether `value` (parsed JSON) nests deeper than `limit` containers; iterative (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def _uncarried(text: str, value: Any) -> str | None:
+    """Why JSON `value` parsed from `text` cannot be run (too deep, a lone surrogate), or None.
+
+    The scans run only when `text` could hold such a value (more brackets than the depth limit, a
+    surrogate escape), so a typical call pays two `str.count`s and one regex search."""
+    if text.count("[") + text.count("{") > MAX_ARGUMENT_DEPTH and _depth_over(value, MAX_ARGUMENT_DEPTH):
+        return f"the JSON nests deeper than {MAX_ARGUMENT_DEPTH} levels"
+    if _SURROGATE_HINT.search(text):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return "the JSON holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), " \
+                   "which is not valid text"
+    return None
+
+
+def _loads(text: str) -> Any:
+    """json.loads, with nesting too deep for the parser reported as a JSONDecodeError (it raises RecursionError)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels", text, 0) from None
+
+
 def _parse_block(raw: str) -> ToolCall | InvalidCall:
     body = raw.strip()
     try:
-        obj = json.loads(body)
+        obj = _loads(body)
     except json.JSONDecodeError as exc:
         return InvalidCall(raw, f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})")
+    if (why := _uncarried(body, obj)) is not None:
+        return InvalidCall(raw, why)
     if not isinstance(obj, dict):
         return InvalidCall(raw, f"the tool call must be a JSON object, got {type(obj).__name__}")
     name = obj.get("name")
@@ -113,10 +159,13 @@ def _parse_block(raw: str) -> ToolCall | InvalidCall:
     if args is None:
         args = {}
     if isinstance(args, str):
+        text = args
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = _loads(text) if text.strip() else {}
         except json.JSONDecodeError as exc:
             return InvalidCall(raw, f'"arguments" is a string that is not valid JSON ({exc.msg})')
+        if (why := _uncarried(text, args)) is not None:
+            return InvalidCall(raw, f'"arguments" is a string whose JSON cannot be run: {why}')
     if not isinstance(args, dict):
         return InvalidCall(raw, f'"arguments" must be a JSON object, got {type(args).__name__}')
     return ToolCall(name.strip(), args)
@@ -152,10 +201,13 @@ def resolve_meta_call(call: ToolCall) -> ToolCall | InvalidCall:
     if inner is None:
         inner = {}
     if isinstance(inner, str):
+        text = inner
         try:
-            inner = json.loads(inner) if inner.strip() else {}
+            inner = _loads(text) if text.strip() else {}
         except json.JSONDecodeError as exc:
-            return InvalidCall(inner, f'call_tool "arguments" is a string that is not valid JSON ({exc.msg})')
+            return InvalidCall(text, f'call_tool "arguments" is a string that is not valid JSON ({exc.msg})')
+        if (why := _uncarried(text, inner)) is not None:
+            return InvalidCall(text, f'call_tool "arguments" is a string whose JSON cannot be run: {why}')
     if not isinstance(inner, dict):
         return InvalidCall(json.dumps(call.arguments), 'call_tool "arguments" must be a JSON object')
     return ToolCall(tool.strip(), inner)

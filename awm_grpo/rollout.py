@@ -41,6 +41,7 @@ import asyncio
 import gc
 import hashlib
 import json
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -557,7 +558,10 @@ async def model_turn(cfg: RolloutConfig, turns: ToolRunner, content: str, finish
     if any("name" in r for r in records):
         turn["state"] = await turns.env.state()
         if turns.progress is not None:
-            turn["progress"] = await asyncio.to_thread(turns.progress.after_tool_turn)
+            try:
+                turn["progress"] = await asyncio.to_thread(turns.progress.after_tool_turn)
+            except (sqlite3.Error, OSError) as exc:  # env code left a DB the predicates cannot read
+                raise EnvInfraError(f"progress predicates on the episode DB: {type(exc).__name__}: {exc}") from exc
     if stop is None and len(episode.turns) >= cfg.max_turns_at(step):
         stop = "max_turns"
     if stop is not None:

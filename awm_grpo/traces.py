@@ -26,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -35,6 +36,9 @@ from typing import Any
 
 LIVE_FILE = "live.jsonl"
 TRACE_KEY = "awm_trace"
+SUPERSEDED_DIR = ".superseded"  # hidden: the viewer and `summary` do not read it
+_STEP_FILE = re.compile(r"^(?P<series>rollout|eval_.+)_(?P<step>\d+)\.jsonl$")
+_STARTED: set[Path] = set()  # trace folders this process (one run) has written a step file into
 logger = logging.getLogger("awm_grpo")
 
 
@@ -92,11 +96,57 @@ def _flush(args: argparse.Namespace, samples: Iterable[Any], name: str) -> list[
     if trace_dir and records:
         path = Path(trace_dir) / f"{name}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            for record in records:
-                f.write(json.dumps(record, default=str) + "\n")
+        start_run(path.parent, name)
+        data = "".join(json.dumps(record, default=str) + "\n" for record in records).encode()
+        if path.exists():  # the same step flushed twice in this run: one write, appended whole
+            with open(path, "ab") as f:
+                f.write(data)
+        else:  # whole or not at all: a reader (or a later resume) never meets a torn file of this run
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
         (Path(trace_dir) / LIVE_FILE).unlink(missing_ok=True)
     return records
+
+
+def start_run(trace_dir: Path, name: str) -> list[Path]:
+    """Once per process and trace folder, at its first step file `name`: move the step files a previous
+    run wrote for this step or later (a resumed run repeats the steps after its checkpoint) into
+    `<trace_dir>/.superseded/<time>/`, so a step file never mixes two runs; returns what moved.
+
+    A first rollout at step S moves rollout files of steps >= S and eval files of steps > S (the eval
+    at S evaluated the checkpoint this run resumed from, and is not redone); a first eval at S (before
+    training) moves both from S on."""
+    folder = Path(trace_dir)
+    key = folder.resolve()
+    if key in _STARTED:
+        return []
+    _STARTED.add(key)
+    first = _STEP_FILE.match(f"{name}.jsonl")
+    if first is None:
+        return []
+    step, eval_first = int(first["step"]), first["series"] != "rollout"
+    stale = []
+    for path in sorted(folder.glob("*.jsonl")):
+        m = _STEP_FILE.match(path.name)
+        if m is None:
+            continue
+        other = int(m["step"])
+        if other > step or (other == step and (m["series"] == "rollout" or eval_first)):
+            stale.append(path)
+    stale += sorted(folder.glob(".*.jsonl.tmp-*"))  # a write killed before its rename
+    if not stale:
+        return []
+    dest = folder / SUPERSEDED_DIR / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
+    dest.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for path in stale:
+        os.replace(path, dest / path.name)
+        moved.append(dest / path.name)
+    logger.warning("%s: %d trace files of steps from %d on were written by an earlier run (this one resumed or "
+                   "restarted at step %d): moved to %s so no step file mixes two runs: %s", folder, len(moved), step,
+                   step, dest, ", ".join(p.name for p in moved[:8]) + (" ..." if len(moved) > 8 else ""))
+    return moved
 
 
 def episode_metrics(records: Sequence[dict[str, Any]], prefix: str) -> dict[str, float]:
@@ -179,14 +229,43 @@ def _recovery(args: argparse.Namespace, records: Sequence[dict[str, Any]], prefi
 # ---- command line ------------------------------------------------------------------------------
 
 
-def iter_records(trace_dir: str | Path, pattern: str = "*.jsonl") -> Iterator[dict[str, Any]]:
-    """Every record of the trace files matching `pattern`, file by file, without holding them all (the
-    viewer's reader: a half-written last line is left for later)."""
+def iter_records(trace_dir: str | Path, pattern: str = "*.jsonl",
+                 damaged: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Every record of the trace files matching `pattern`, file by file, without holding them all.
+
+    `damaged` None: the viewer's reader (a half-written last line is left for later, a broken line
+    elsewhere raises). A list: every line that is not a JSON object (torn, not UTF-8, not JSON) is
+    skipped and named there as `file:line: why`, and reading goes on."""
     from awm_grpo.viewer.store import iter_file
 
     for path in sorted(Path(trace_dir).glob(pattern)):
-        if path.name != LIVE_FILE:
+        if path.name == LIVE_FILE:
+            continue
+        if damaged is None:
             yield from iter_file(path)
+        else:
+            yield from _tolerant_records(path, damaged)
+
+
+def _tolerant_records(path: Path, damaged: list[str]) -> Iterator[dict[str, Any]]:
+    from awm.data import DataFormatError
+
+    from awm_grpo.viewer.store import parse_record
+
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                record = parse_record(raw, f"{path}:{lineno}")
+            except DataFormatError as exc:
+                torn = "" if raw.endswith(b"\n") else " (last line without a newline: torn or being written)"
+                damaged.append(f"{exc}{torn}")
+                continue
+            if not isinstance(record, dict):
+                damaged.append(f"{path}:{lineno} is a JSON {type(record).__name__}, not a trace record")
+                continue
+            yield record
 
 
 def read_records(trace_dir: str | Path, pattern: str = "*.jsonl") -> list[dict[str, Any]]:
@@ -235,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("serve", "export"):
         return _viewer(args)
     if args.command == "summary":
-        tables = success_tables(iter_records(args.trace_dir, args.pattern), ("scenario", "task_type"))
+        damaged: list[str] = []
+        tables = success_tables(iter_records(args.trace_dir, args.pattern, damaged), ("scenario", "task_type"))
+        for line in damaged:
+            print(f"skipped damaged line {line}", file=sys.stderr)
         if not tables["scenario"]:
             print(f"no trace records under {args.trace_dir} matching {args.pattern}", file=sys.stderr)
             return 1

@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--custom-generate-function-path", default=None)
     g.add_argument("--custom-rm-path", default=None)
     g.add_argument("--group-rm", action="store_true")
+    g.add_argument("--rm-timeout", type=float, default=600.0,
+                   help="ours: seconds one reward call may take; past it the call fails naming its samples")
     g.add_argument("--reward-key", default=None)
     g.add_argument("--dynamic-sampling-filter-path", default=None)
     g.add_argument("--custom-config-path", default=None, help="YAML whose keys become attributes of args")

@@ -51,6 +51,7 @@ from slime.arguments import parse_args
 from slime.backends.checkpoint import LATEST_FILE, CheckpointSaveError, failure_message
 from slime.rollout.base_types import call_rollout_fn
 from slime.rollout.data_source import RolloutDataSourceWithBuffer, load_prompts
+from slime.rollout.rm_hub import check_reward
 from slime.rollout.sglang_rollout import eval_metrics, eval_prompts, generate_rollout
 from slime.utils.fd_limit import raise_open_file_limit
 from slime.utils.http_utils import close_shared_client
@@ -247,7 +248,10 @@ class Run:
         finished = time.perf_counter()
         metrics: dict[str, Any] = {"rollout/time_s": finished - started, **(result.metrics or {})}
         flat = [s for g in result.samples for s in g]
-        rewards = [float(s.get_reward_value(args)) for s in flat if s.reward is not None]
+        scored = [s for s in flat if s.reward is not None]
+        for s in scored:  # whatever rollout function made them: a NaN or string never reaches the advantages
+            check_reward(args, s, s.reward)
+        rewards = [float(s.get_reward_value(args)) for s in scored]
         reward = sum(rewards) / len(rewards) if rewards else math.nan
         metrics.setdefault("rollout/raw_reward", reward)
         metrics["rollout/engine_restarts"] = float(self.engines.restarts - restarts_before)

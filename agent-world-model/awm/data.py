@@ -44,19 +44,28 @@ STAGES = ("gen_scenario", "gen_tasks", "gen_db", "gen_sample", "gen_spec", "gen_
           "gen_verifier.pure_code", "gen_verifier")
 TASK_KEYED = ("gen_verifier.pure_code", "gen_verifier")
 VERIFIER_RULES = ("last_valid", "first")
-INDEX_VERSION = 2
+INDEX_VERSION = 3  # 3: every field's shape checked at scan time
 VERIFIER_MODES = ("code", "sql")
-# Field -> allowed types, per stage; a field that is absent or null is "missing", not wrong.
-FIELD_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
-    "gen_scenario": {"description": (str,)},
-    "gen_tasks": {"tasks": (list,)},
-    "gen_db": {"db_schema": (dict,)},
-    "gen_sample": {"sample_data": (dict,)},
-    "gen_spec": {"api_spec": (dict,)},
-    "gen_envs": {"full_code": (str,)},
-    "gen_verifier.pure_code": {"task": (str,), "verification": (dict,)},
-    "gen_verifier": {"task": (str,), "verification": (dict,)},
+# The shape of every field of every stage (docs: ../shared/reference/awm-format.md section 3). A type
+# is that type (int: never a bool); a dict is an object whose listed keys have those shapes (other keys
+# are free); a one-item list is a list whose every item has that shape. A field that is absent or null
+# is "missing", not wrong: consumers count missing pieces (section 2); an item of a list is never null.
+_TEXTS = [str]
+FIELD_TYPES: dict[str, dict[str, Any]] = {
+    "gen_scenario": {"description": str, "categories": _TEXTS, "suitability_score": (int, float),
+                     "suitability_level": str, "suitability_reasoning": str, "simulatable_features": _TEXTS,
+                     "non_simulatable_features": _TEXTS},
+    "gen_tasks": {"tasks": _TEXTS},
+    "gen_db": {"db_schema": {"tables": [{"name": str, "ddl": str, "indexes": _TEXTS, "examples": _TEXTS}]},
+               "db_path": str},
+    "gen_sample": {"tables_count": int, "inserts_count": int,
+                   "sample_data": {"tables": [{"table_name": str, "reasoning": str, "insert_statements": _TEXTS}]}},
+    "gen_spec": {"api_spec": {"api_groups": [{"group_name": str, "endpoints": [dict]}]}},
+    "gen_envs": {"full_code": str, "db_path": str},
+    "gen_verifier.pure_code": {"task_idx": int, "task": str, "verification": {"code": str, "raw_response": str}},
+    "gen_verifier": {"task_idx": int, "task": str, "verification": {"code": str, "raw_response": str}},
 }
+_TYPE_NAMES = {str: "str", int: "int", float: "float", dict: "object", list: "list", bool: "bool"}
 _VERIFY_DEF = re.compile(r"^(?:async\s+)?def\s+(verify_\w*)\s*\(([^)]*)\)", re.MULTILINE)
 
 
@@ -157,18 +166,54 @@ def verifier_mode(code: Any, default: str) -> str:
 
 
 def _check_fields(path: Path, lineno: int, stage: str, rec: dict[str, Any]) -> None:
-    """Wrong field types are errors (a string `tasks` would be split into characters)."""
-    for name, types in FIELD_TYPES.get(stage, {}).items():
-        value = rec.get(name)
-        if value is not None and not isinstance(value, types):
-            raise DataFormatError(f"{path}:{lineno}: field {name!r} is a {type(value).__name__}, expected "
-                                  f"{' or '.join(t.__name__ for t in types)}")
-    if stage == "gen_tasks" and not all(isinstance(t, str) for t in rec.get("tasks") or []):
-        raise DataFormatError(f"{path}:{lineno}: field 'tasks' must be a list of strings")
-    code = (rec.get("verification") or {}).get("code")
-    if code is not None and not isinstance(code, str):
-        raise DataFormatError(f"{path}:{lineno}: field 'verification.code' is a {type(code).__name__}, "
-                              "expected str")
+    """Every field of the record against its stage's shape (FIELD_TYPES): a wrong type anywhere is an
+    error naming file:line, the field's path and what was expected (a string `tasks` would otherwise be
+    split into characters, a string `tables` or a numeric `ddl` fail later naming nothing)."""
+    for name, shape in FIELD_TYPES.get(stage, {}).items():
+        problem = _shape_problem(rec.get(name), shape, name)
+        if problem is not None:
+            raise DataFormatError(f"{path}:{lineno}: {problem}")
+
+
+def _shape_problem(value: Any, shape: Any, where: str, *, item: bool = False) -> str | None:
+    """Why `value` does not have `shape` (see FIELD_TYPES), naming the field as `where`; None when it has."""
+    if value is None:
+        return f"field {where!r} is null, expected {_shape_name(shape)}" if item else None
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"field {where!r} is a {_type_name(value)}, expected an object"
+        for key, sub in shape.items():
+            problem = _shape_problem(value.get(key), sub, f"{where}.{key}")
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"field {where!r} is a {_type_name(value)}, expected list"
+        for i, entry in enumerate(value):
+            problem = _shape_problem(entry, shape[0], f"{where}[{i}]", item=True)
+            if problem is not None:
+                if shape[0] is str:  # the wording the data tools have always used for lists of texts
+                    return f"field {where!r} must be a list of strings: {problem}"
+                return problem
+        return None
+    types = shape if isinstance(shape, tuple) else (shape,)
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        return f"field {where!r} is a {_type_name(value)}, expected {_shape_name(shape)}"
+    return None
+
+
+def _type_name(value: Any) -> str:
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _shape_name(shape: Any) -> str:
+    if isinstance(shape, dict):
+        return "an object"
+    if isinstance(shape, list):
+        return f"a list of {_shape_name(shape[0])}"
+    types = shape if isinstance(shape, tuple) else (shape,)
+    return " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
 
 
 def _scan(path: Path, stage: str) -> tuple[dict[str, list[Span]], dict[str, str]]:
@@ -192,8 +237,10 @@ def _scan(path: Path, stage: str) -> tuple[dict[str, list[Span]], dict[str, str]
                 key = normalize_scenario_name(rec[key_field])
                 _claim_name(raw_names, key, rec[key_field], f"{path}:{lineno}")
                 if stage in TASK_KEYED:
-                    if not isinstance(rec.get("task_idx"), int) or isinstance(rec["task_idx"], bool):
-                        raise DataFormatError(f"{path}:{lineno}: verifier row without an integer 'task_idx'")
+                    if not isinstance(rec.get("task_idx"), int) or isinstance(rec["task_idx"], bool) \
+                            or rec["task_idx"] < 0:
+                        raise DataFormatError(f"{path}:{lineno}: verifier row without a non-negative integer "
+                                              f"'task_idx' (got {rec.get('task_idx')!r})")
                     mode = verifier_mode((rec.get("verification") or {}).get("code"), file_mode)
                     key = f"{key}::{rec['task_idx']}::{mode}"
                 keys.setdefault(key, []).append(Span(str(path), offset, length, lineno))

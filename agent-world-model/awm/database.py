@@ -12,6 +12,12 @@ date functions is pinned to that instant (the functions are overridden by Python
 that delegate to SQLite's own code with the fixed time), `CURRENT_TIMESTAMP/DATE/TIME` in
 DDL defaults are rewritten to the equivalent `datetime('now')` forms for the build, and
 `random()` / `randomblob()` draw from `seed`. Same inputs + clock + seed -> identical bytes.
+
+Trust: the SQL text of the data files (gen_db DDL, gen_sample INSERTs) and the DDL a worker reports
+(its code's `create_all`) run in the trainer, so every connection that runs them has a `SqlGuard`:
+a SQLite authorizer that lets through only what a schema and sample build needs and refuses ATTACH,
+VACUUM, PRAGMAs, transaction control, extensions and anything outside the main database. A refused
+statement is a failed statement of the BuildReport, with the reason.
 """
 
 from __future__ import annotations
@@ -22,17 +28,19 @@ import logging
 import os
 import random
 import re
+import shutil
 import sqlite3
 import threading
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: built under SqlGuard; env DDL goes to its own completed file
 _DATE_FUNCS = {"date": 0, "time": 0, "datetime": 0, "julianday": 0, "unixepoch": 0, "strftime": 1}
 _CURRENT_RE = re.compile(r"\bCURRENT_(TIMESTAMP|DATE|TIME)\b", re.IGNORECASE)
 _CURRENT_SUB = {"TIMESTAMP": "(datetime('now'))", "DATE": "(date('now'))", "TIME": "(time('now'))"}
@@ -103,14 +111,116 @@ def install_fixed_clock(conn: sqlite3.Connection, clock: str, seed: int = 0) -> 
     conn.create_function("randomblob", 1, lambda n: rng.randbytes(max(int(n or 0), 1)))
 
 
-def _exec(conn: sqlite3.Connection, sql: str) -> None:
-    try:
-        conn.execute(sql)
-    except sqlite3.ProgrammingError as exc:  # more than one statement in the string
-        if "one statement" not in str(exc):
-            raise
-        for stmt in _split_statements(sql):
-            conn.execute(stmt)
+# ---- the guard on SQL text from data files and workers ---------------------------------------------
+_SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"})
+_REFUSED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer"})  # code loading / raw pointers
+_READS = frozenset({sqlite3.SQLITE_READ, sqlite3.SQLITE_SELECT, sqlite3.SQLITE_RECURSIVE})
+_WRITES = frozenset({sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE})
+_DATA_CREATES = frozenset({sqlite3.SQLITE_CREATE_TABLE, sqlite3.SQLITE_CREATE_INDEX, sqlite3.SQLITE_CREATE_VIEW,
+                           sqlite3.SQLITE_CREATE_TRIGGER})
+_DDL_CREATES = frozenset({sqlite3.SQLITE_CREATE_TABLE, sqlite3.SQLITE_CREATE_INDEX})
+_ACTION_NAMES = {getattr(sqlite3, f"SQLITE_{n}"): n for n in (
+    "CREATE_INDEX CREATE_TABLE CREATE_TEMP_INDEX CREATE_TEMP_TABLE CREATE_TEMP_TRIGGER CREATE_TEMP_VIEW "
+    "CREATE_TRIGGER CREATE_VIEW DELETE DROP_INDEX DROP_TABLE DROP_TEMP_INDEX DROP_TEMP_TABLE DROP_TEMP_TRIGGER "
+    "DROP_TEMP_VIEW DROP_TRIGGER DROP_VIEW INSERT PRAGMA READ SELECT TRANSACTION UPDATE ATTACH DETACH "
+    "ALTER_TABLE REINDEX ANALYZE CREATE_VTABLE DROP_VTABLE FUNCTION SAVEPOINT RECURSIVE").split()}
+# pragmas data text may use: schema reads, and foreign_keys set ON (a no-op: the build already has it on)
+_PRAGMAS_READ = frozenset({"foreign_keys", "table_info", "table_xinfo", "index_list", "index_info", "index_xinfo",
+                           "foreign_key_list"})
+_ON = frozenset({"on", "1", "true", "yes"})
+_VACUUM = re.compile(r"VACUUM\b", re.IGNORECASE)
+_LEADING = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))*", re.DOTALL)  # whitespace and comments
+
+
+class SqlRefused(sqlite3.DatabaseError):
+    """A statement the SqlGuard refused (its message says what and why)."""
+
+
+class SqlGuard:
+    """A SQLite authorizer for a connection that runs SQL text the trainer did not write.
+
+    Data mode (gen_db DDL, gen_sample INSERTs): CREATE TABLE/INDEX/VIEW/TRIGGER in the main database,
+    INSERT/UPDATE/DELETE of main-database tables, reads, read-only schema PRAGMAs and `foreign_keys=ON`,
+    and every function but load_extension and fts3_tokenizer. DDL mode (`ddl_only`, the DDL a worker reports): CREATE TABLE and CREATE INDEX only
+    (not CREATE TABLE ... AS SELECT).
+    Everything else is refused, among it ATTACH and DETACH (so VACUUM, which attaches, and VACUUM INTO),
+    other PRAGMAs (writable_schema, journal_mode, ...), BEGIN/COMMIT/ROLLBACK/SAVEPOINT (a `COMMIT;` in the text cannot end the build's transaction),
+    ALTER, DROP, ANALYZE, virtual and temporary objects. Writes to sqlite_master come only from CREATE
+    (SQLite refuses them otherwise while writable_schema is off, and no PRAGMA can turn it on). The
+    build's own PRAGMA/BEGIN/COMMIT run in `trusted()`. The authorizer is consulted when a statement is
+    prepared; `set_authorizer` expires every cached statement, so none prepared in `trusted()` runs
+    unchecked later.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, *, ddl_only: bool = False) -> None:
+        self.conn, self.ddl_only = conn, ddl_only
+        self.refusal: str | None = None
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)  # a second lock on ATTACH (and so on VACUUM INTO)
+        conn.set_authorizer(self._authorize)
+
+    @contextmanager
+    def trusted(self) -> Iterator[None]:
+        """Run the build's own statements (PRAGMA foreign_keys, BEGIN, COMMIT) without the guard."""
+        self.conn.set_authorizer(None)
+        try:
+            yield
+        finally:
+            self.conn.set_authorizer(self._authorize)
+
+    def _authorize(self, action: int, arg1: str | None, arg2: str | None, db: str | None, _src: str | None) -> int:
+        if action == sqlite3.SQLITE_READ or (action in _READS and not self.ddl_only):  # DDL: no SELECT (AS SELECT)
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_FUNCTION:
+            if (arg2 or "").lower() not in _REFUSED_FUNCTIONS:
+                return sqlite3.SQLITE_OK
+            return self._refuse(f"the function {arg2}() is not allowed")
+        if action == sqlite3.SQLITE_PRAGMA and not self.ddl_only and (arg1 or "").lower() in _PRAGMAS_READ and (
+                arg2 is None or (arg1 or "").lower() != "foreign_keys" or arg2.strip().lower() in _ON):
+            return sqlite3.SQLITE_OK  # reads of the schema, and the `PRAGMA foreign_keys=ON` the build sets anyway
+        if db not in (None, "main"):
+            return self._refuse(f"{_ACTION_NAMES.get(action, action)} on database {db!r}: only the main database")
+        if action in _WRITES:
+            table = (arg1 or "").lower()
+            if table not in _SCHEMA_TABLES and not self.ddl_only:
+                return sqlite3.SQLITE_OK
+            if table in _SCHEMA_TABLES and action != sqlite3.SQLITE_DELETE:
+                return sqlite3.SQLITE_OK  # CREATE's own row (SQLite refuses other writes: writable_schema is off)
+        elif action in (_DDL_CREATES if self.ddl_only else _DATA_CREATES) or action == sqlite3.SQLITE_REINDEX:
+            return sqlite3.SQLITE_OK  # REINDEX: what CREATE INDEX asks for
+        what = _ACTION_NAMES.get(action, str(action))
+        detail = " ".join(str(a) for a in (arg1, arg2) if a)
+        allowed = ("CREATE TABLE and CREATE INDEX" if self.ddl_only else
+                   "CREATE TABLE/INDEX/VIEW/TRIGGER, INSERT, UPDATE, DELETE and SELECT")
+        return self._refuse(f"{what}{' ' + detail if detail else ''} (allowed here: {allowed})")
+
+    def _refuse(self, why: str) -> int:
+        if self.refusal is None:
+            self.refusal = why
+        return sqlite3.SQLITE_DENY
+
+    def execute(self, sql: str) -> None:
+        """Run one item of SQL text (one or more statements, each prepared and run on its own)."""
+        self.refusal = None
+        try:
+            try:
+                self._one(sql)
+            except sqlite3.ProgrammingError as exc:  # more than one statement in the string (none of them ran)
+                if "one statement" not in str(exc):
+                    raise
+                for stmt in _split_statements(sql):
+                    self._one(stmt)
+        except sqlite3.Error as exc:
+            if self.refusal is not None:
+                raise SqlRefused(f"refused by the trainer's SQL guard: {self.refusal}") from None
+            raise exc from None
+
+    def _one(self, stmt: str) -> None:
+        # VACUUM asks the authorizer only while it runs (for the ATTACH it does); name it before SQLite's
+        # "cannot VACUUM from within a transaction" does
+        if _VACUUM.match(stmt, _LEADING.match(stmt).end()):
+            self.refusal = "VACUUM (it attaches a database: VACUUM INTO writes a file)"
+            raise SqlRefused(self.refusal)
+        self.conn.execute(stmt)
 
 
 def _split_statements(sql: str) -> list[str]:
@@ -126,7 +236,10 @@ def _split_statements(sql: str) -> list[str]:
 
 def build_db(path: str | os.PathLike[str], db_schema: dict, sample_data: dict | None, *,
              scenario: str = "", clock: str | None = None, seed: int = 0) -> BuildReport:
-    """Create the initial DB of a scenario at `path` (replacing it) and report every failure."""
+    """Create the initial DB of a scenario at `path` (replacing it) and report every failure.
+
+    The data's SQL runs under a `SqlGuard` (see the module docstring): a refused statement is a
+    failed one, like a statement SQLite rejects."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".building{os.getpid()}-{threading.get_ident()}")
@@ -137,34 +250,28 @@ def build_db(path: str | os.PathLike[str], db_schema: dict, sample_data: dict | 
     try:
         if clock:
             install_fixed_clock(conn, clock, seed)
-        conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("BEGIN")
+        guard = SqlGuard(conn)
+        with guard.trusted():
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("BEGIN")
         tables = (db_schema or {}).get("tables") or []
         for table in tables:
             ddl = table.get("ddl") or ""
-            if clock:
+            if clock and isinstance(ddl, str):
                 ddl = _CURRENT_RE.sub(lambda m: _CURRENT_SUB[m.group(1).upper()], ddl)
-            try:
-                _exec(conn, ddl)
+            if _run(guard, "ddl", ddl, report):
                 report.tables += 1
-            except sqlite3.Error as exc:
-                report.failed.append(("ddl", ddl, str(exc)))
             for index in table.get("indexes") or []:
-                try:
-                    _exec(conn, index)
+                if _run(guard, "index", index, report):
                     report.indexes += 1
-                except sqlite3.Error as exc:
-                    report.failed.append(("index", index, str(exc)))
             for example in table.get("examples") or []:
-                try:
-                    _exec(conn, example)
-                except sqlite3.Error as exc:
-                    report.failed.append(("example", example, str(exc)))
+                _run(guard, "example", example, report)
         if tables and report.tables == 0:
             raise DatabaseBuildError(f"scenario {scenario!r}: none of {len(tables)} CREATE TABLE statements "
                                      f"executed; first error: {report.failed[0][2]}")
-        conn.execute("COMMIT")
-        apply_inserts(conn, sample_data, report)
+        with guard.trusted():
+            conn.execute("COMMIT")
+        apply_inserts(conn, sample_data, report, guard)
     finally:
         conn.close()
     os.replace(tmp, path)
@@ -175,19 +282,39 @@ def build_db(path: str | os.PathLike[str], db_schema: dict, sample_data: dict | 
     return report
 
 
-def apply_inserts(conn: sqlite3.Connection, sample_data: dict | None, report: BuildReport) -> None:
-    """Run the sample INSERTs in one transaction with foreign keys on; record each failure."""
-    conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("BEGIN")
+def _run(guard: SqlGuard, kind: str, sql: str, report: BuildReport) -> bool:
+    """Run one item of the data's SQL inside the build's transaction; record a failure (or refusal)."""
+    if not isinstance(sql, str):
+        report.failed.append((kind, repr(sql)[:1000], f"not SQL text but {type(sql).__name__}"))
+        return False
+    try:
+        guard.execute(sql)
+        return True
+    except sqlite3.Error as exc:
+        report.failed.append((kind, sql, str(exc)))
+    if not guard.conn.in_transaction:  # `INSERT OR ROLLBACK` (or an I/O error) ended the build's transaction
+        report.failed.append((kind, sql, "this statement ended the build's transaction (ON CONFLICT ROLLBACK?); "
+                                         "the statements before it in that transaction were rolled back"))
+        with guard.trusted():
+            guard.conn.execute("BEGIN")
+    return False
+
+
+def apply_inserts(conn: sqlite3.Connection, sample_data: dict | None, report: BuildReport,
+                  guard: SqlGuard | None = None) -> None:
+    """Run the sample INSERTs in one transaction with foreign keys on, under a `SqlGuard` (installed on
+    `conn` when none is given); record each failure."""
+    guard = guard or SqlGuard(conn)
+    with guard.trusted():
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("BEGIN")
     for table in (sample_data or {}).get("tables") or []:
         for stmt in table.get("insert_statements") or []:
             report.inserts_total += 1
-            try:
-                _exec(conn, stmt)
+            if _run(guard, "insert", stmt, report):
                 report.inserts_ok += 1
-            except sqlite3.Error as exc:
-                report.failed.append(("insert", stmt, str(exc)))
-    conn.execute("COMMIT")
+    with guard.trusted():
+        conn.execute("COMMIT")
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -221,11 +348,16 @@ def state_hash(path: str | os.PathLike[str]) -> str:
         for name, sql in tables:
             h.update(f"T:{name}:{sql}\n".encode())
             order = ", ".join(str(i + 1) for i in range(_ncols(conn, name)))
-            for row in conn.execute(f'SELECT * FROM "{name}" ORDER BY {order}'):
+            for row in conn.execute(f'SELECT * FROM {_q(name)} ORDER BY {order}'):
                 h.update(json.dumps(row, default=repr).encode())
     finally:
         conn.close()
     return h.hexdigest()
+
+
+def _q(name: str) -> str:
+    """A quoted SQL identifier: env code names the tables of the DBs the trainer reads (a name may hold '"')."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _tables(conn: sqlite3.Connection) -> list[str]:
@@ -235,11 +367,11 @@ def _tables(conn: sqlite3.Connection) -> list[str]:
 
 def _keyed_rows(conn: sqlite3.Connection, table: str) -> tuple[list[str], dict[tuple, tuple]]:
     """Column names and rows keyed by primary key (rowid when the table has none)."""
-    info = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
+    info = conn.execute(f'PRAGMA table_info({_q(table)})').fetchall()
     cols = [c[1] for c in info]
     pk = [c[1] for c in sorted(info, key=lambda c: c[5]) if c[5] > 0]
-    key_sql = ", ".join(f'"{c}"' for c in pk) if pk else "rowid"
-    rows = conn.execute(f'SELECT {key_sql}, * FROM "{table}"').fetchall()
+    key_sql = ", ".join(_q(c) for c in pk) if pk else "rowid"
+    rows = conn.execute(f'SELECT {key_sql}, * FROM {_q(table)}').fetchall()
     width = len(pk) or 1
     return cols, {tuple(r[:width]): tuple(r[width:]) for r in rows}
 
@@ -282,14 +414,23 @@ def diff_databases(before: str | os.PathLike[str], after: str | os.PathLike[str]
 
 
 def _ncols(conn: sqlite3.Connection, table: str) -> int:
-    return len(conn.execute(f'PRAGMA table_info("{table}")').fetchall())
+    return len(conn.execute(f'PRAGMA table_info({_q(table)})').fetchall())
+
+
+_NAME = re.compile(r"[A-Za-z0-9_]{1,200}")
+_CREATE = re.compile(r"CREATE\b", re.IGNORECASE)
+MAX_ENV_DDL_CHARS = 100_000  # one CREATE statement a worker reports (SQLAlchemy's are a few hundred)
+MAX_ENV_DDL_STATEMENTS = 5_000  # statements a worker reports (AWM-1K's create_all: tens)
 
 
 class TemplateStore:
     """Built scenario DBs on disk, keyed by their inputs, so each is built once per machine.
 
     Layout: `<root>/<scenario>-<key>.db` and a `.json` build report beside it; `key` hashes the
-    schema, the sample data, the clock, the seed and the builder version.
+    schema, the sample data, the clock, the seed and the builder version. A template completed with
+    the DDL of its environment code's `create_all` is another file, `<scenario>-<key>-<ddl key>.db`
+    (`complete`): the base template, which every data set with the same inputs shares across runs, is
+    never changed after its build.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -304,6 +445,9 @@ class TemplateStore:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def path(self, scenario: str, key: str) -> Path:
+        if not _NAME.fullmatch(scenario):
+            raise ValueError(f"scenario name {scenario!r} cannot name a template file: use letters, digits and '_' "
+                             "(awm.data.normalize_scenario_name gives such a name)")
         return self.root / f"{scenario}-{key}.db"
 
     def get_or_build(self, scenario: str, db_schema: dict, sample_data: dict | None, *,
@@ -334,3 +478,96 @@ class TemplateStore:
         tmp = meta.with_name(meta.name + f".tmp{os.getpid()}-{threading.get_ident()}")
         tmp.write_text(json.dumps(report.to_dict(), indent=1))
         os.replace(tmp, meta)
+
+    def complete(self, base: Path, base_report: BuildReport, created_sql: Any, sample_data: dict | None, *,
+                 clock: str | None = None, seed: int = 0) -> tuple[Path, BuildReport]:
+        """The base template plus the DDL a worker reported (and `sample_data`'s INSERTs, for a scenario
+        whose schema only its code defines), built once into a file of its own keyed by that DDL.
+
+        The DDL is text env code could have written (a forged sqlite_master row, a forged reply): only
+        single CREATE TABLE / CREATE INDEX statements run, under a DDL-mode `SqlGuard`; anything else is a
+        failed statement ("env_ddl") of the returned report."""
+        statements = created_sql if isinstance(created_sql, list) else [created_sql]
+        blob = json.dumps([BUILDER_VERSION, base.name, statements, sample_data, clock and parse_clock(clock), seed],
+                          sort_keys=True, default=repr)
+        path = base.with_name(f"{base.stem}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}.db")
+        with self._guard:
+            lock = self._locks.setdefault(path.name, threading.Lock())
+        with lock:
+            meta = path.with_suffix(".json")
+            if path.exists() and meta.exists():
+                try:
+                    data = json.loads(meta.read_text())
+                    data["failed"] = [tuple(f) for f in data["failed"]]
+                    return path, BuildReport(**data)
+                except (ValueError, TypeError, KeyError):
+                    log.warning("rebuilding %s: unreadable build report", path)
+            report = _complete(base, path, base_report, statements, sample_data, clock, seed)
+            self.save_report(report)
+            return path, report
+
+
+def _complete(base: Path, path: Path, base_report: BuildReport, statements: list[Any], sample_data: dict | None,
+              clock: str | None, seed: int) -> BuildReport:
+    report = replace(base_report, path=str(path), failed=list(base_report.failed),
+                     env_created_tables=list(base_report.env_created_tables),
+                     built_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    tmp = path.with_name(path.name + f".building{os.getpid()}-{threading.get_ident()}")
+    shutil.copyfile(base, tmp)
+    conn = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        if clock:
+            install_fixed_clock(conn, clock, seed)
+        guard = SqlGuard(conn, ddl_only=True)
+        with guard.trusted():
+            conn.execute("BEGIN")
+        created = set()
+        if len(statements) > MAX_ENV_DDL_STATEMENTS:
+            report.failed.append(("env_ddl", f"<{len(statements) - MAX_ENV_DDL_STATEMENTS} more statements>",
+                                  f"more than {MAX_ENV_DDL_STATEMENTS} statements (MAX_ENV_DDL_STATEMENTS)"))
+            statements = statements[:MAX_ENV_DDL_STATEMENTS]
+        for stmt in statements:
+            why = _env_ddl_problem(stmt)
+            if why is None:
+                guard.refusal = None
+                try:
+                    conn.execute(stmt)  # never split: a string of two statements fails here, before it runs
+                    created.add(stmt[_LEADING.match(stmt).end():].split("(")[0].strip())
+                    continue
+                except sqlite3.ProgrammingError as exc:
+                    if "one statement" not in str(exc):
+                        raise
+                    why = "refused by the trainer's SQL guard: more than one statement"
+                except sqlite3.Error as exc:
+                    if "already exists" in str(exc) and guard.refusal is None:
+                        continue
+                    why = (f"refused by the trainer's SQL guard: {guard.refusal}" if guard.refusal is not None
+                           else f"{type(exc).__name__}: {exc}")
+            report.failed.append(("env_ddl", stmt[:1000] if isinstance(stmt, str) else repr(stmt)[:1000], why))
+        with guard.trusted():
+            conn.execute("COMMIT")
+        if sample_data:
+            apply_inserts(conn, sample_data, report)
+    finally:
+        conn.close()
+    os.replace(tmp, path)
+    report.env_created_tables = sorted(set(report.env_created_tables) | created)
+    report.sha256 = file_sha256(path)
+    bad = [f for f in report.failed if f[0] == "env_ddl"]
+    if bad:
+        log.warning("scenario %s: %d statements of its environment code's schema were not folded into its "
+                    "template (first: %s)", report.scenario, len(bad), bad[0][2])
+    return report
+
+
+def _env_ddl_problem(stmt: Any) -> str | None:
+    """Why a statement a worker reported is not one CREATE statement (None when it is)."""
+    if not isinstance(stmt, str):
+        return f"not SQL text but {type(stmt).__name__}"
+    if len(stmt) > MAX_ENV_DDL_CHARS:
+        return f"{len(stmt)} characters: longer than {MAX_ENV_DDL_CHARS} (MAX_ENV_DDL_CHARS)"
+    if not _CREATE.match(stmt, _LEADING.match(stmt).end()):
+        return "refused by the trainer's SQL guard: not a CREATE statement (only CREATE TABLE / CREATE INDEX)"
+    if not sqlite3.complete_statement(stmt.rstrip().rstrip(";") + ";"):
+        return "refused by the trainer's SQL guard: not one complete statement"
+    return None

@@ -18,12 +18,16 @@ Failures of the machinery raise `InfraError` subclasses and mark the episode
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import fcntl
 import itertools
 import logging
 import os
 import re
 import shutil
-import sqlite3
+import stat
+import struct
 import tempfile
 import threading
 import uuid
@@ -36,10 +40,7 @@ from awm.data import AWMDataset, Scenario, bundled_data_dir, default_cache_dir
 from awm.database import (
     BuildReport,
     TemplateStore,
-    apply_inserts,
     diff_databases,
-    file_sha256,
-    install_fixed_clock,
     state_hash,
 )
 from awm.judge import JudgeConfig, SqlJudge
@@ -93,6 +94,92 @@ def remove_stale_episode_dirs(root: str | os.PathLike[str] | None = None) -> lis
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed
+
+
+SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")  # what SQLite may keep beside a DB (env code can make them)
+
+
+def _remove(path: Path) -> None:
+    """Delete whatever is at `path` without following a link: a file, a link, or a whole directory that env
+    code put there (the worker may write its own dir); nothing there is fine."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except (IsADirectoryError, PermissionError):  # Linux says EISDIR; some systems EPERM
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)  # fd-based: a link swapped in meanwhile is removed, never followed
+        else:
+            raise
+
+
+# SQLite's locks on a DB file (unix VFS, os_unix.c): fcntl locks on the PENDING byte at 1 GiB (the file format's
+# "lock-byte page"), the RESERVED byte after it and 510 SHARED bytes after that; `struct flock` as Linux lays it
+# out on 64-bit.
+_PENDING_BYTE = 0x40000000
+_FLOCK = struct.Struct("hhqqixxxx")
+
+
+def _db_held(path: Path, for_write: bool) -> bool:
+    """Whether another connection's lock on the episode DB at `path` would make a page copy wait: any lock for
+    a copy into the file (`for_write`), a writer's (PENDING, EXCLUSIVE) for a copy out of it. True as well
+    when `path` is no regular file.
+
+    Between requests the worker's own connection holds no lock (each call ends its transaction; in WAL
+    mode it keeps a SHARED one, so a copy into a WAL database takes the slow way round), so a lock there
+    belongs to a connection env code opened itself and kept (a raw `sqlite3.connect` left in BEGIN
+    EXCLUSIVE), which nothing will ever release. F_GETLK asks the kernel and takes no lock: one open, two
+    fcntl, one close (about 10 us)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return True
+        kind = fcntl.F_WRLCK if for_write else fcntl.F_RDLCK  # a read lock conflicts only with write locks
+        for start, length in ((_PENDING_BYTE, 1), (_PENDING_BYTE + 2, 510)):  # PENDING, SHARED (not RESERVED)
+            probe = _FLOCK.pack(kind, os.SEEK_SET, start, length, 0)
+            if _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, probe))[0] != fcntl.F_UNLCK:
+                return True
+        return False
+    finally:
+        os.close(fd)
+
+
+def _copy_new(source: str | os.PathLike[str], dest: Path, source_in_worker_dir: bool = False) -> None:
+    """Copy `source` to a file `dest` that this call creates: never through a link or into a file that env
+    code placed at `dest` beforehand (such a thing is removed first). The trainer writes into worker
+    directories only this way: a plain copy would follow a planted link and overwrite its target.
+    `source_in_worker_dir`: env code could have put a link (to a file of the trainer's) or a FIFO there, so
+    only a plain file with no other name is read."""
+    if source_in_worker_dir:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            raise OSError(errno.EPERM, "not a plain file of the worker's own", os.fspath(source))
+        src = os.fdopen(fd, "rb")
+    else:
+        src = open(source, "rb")  # noqa: SIM115 - closed below, with `out`
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            out = os.open(dest, flags, 0o644)
+        except FileExistsError:
+            _remove(dest)
+            out = os.open(dest, flags, 0o644)  # planted again in between: the caller fails (an OSError)
+        try:
+            size, offset = os.fstat(src.fileno()).st_size, 0
+            while offset < size:
+                sent = os.sendfile(out, src.fileno(), offset, size - offset)
+                if sent == 0:
+                    break
+                offset += sent
+        finally:
+            os.close(out)
+    finally:
+        src.close()
 
 
 @dataclass(frozen=True)
@@ -225,29 +312,20 @@ class EnvRuntime:
             log.warning("%s", self._broken[scenario])
 
     def _complete_template(self, path: Path, report: BuildReport, sql: list[str], sample_data: dict | None) -> None:
-        """Fold the code's import-time `create_all` into the template (upstream runs it on the live DB)."""
+        """Fold the code's import-time `create_all` into the template (upstream runs it on the live DB).
+
+        `sql` is what a worker reported: text env code could have written (forged sqlite_master rows, a
+        forged reply). `TemplateStore.complete` runs only single CREATE TABLE / CREATE INDEX statements of
+        it, under the SQL guard, into a new file keyed by that DDL; the cached base template at `path`
+        (shared by every run and data set with the same gen_db/gen_sample) is never written. Refused
+        statements are failed statements ("env_ddl") of the completed template's report."""
         with self._lock:
-            conn = sqlite3.connect(path, isolation_level=None)
-            if self.clock:
-                install_fixed_clock(conn, self.clock, self.seed)
-            try:
-                conn.execute("BEGIN")
-                for stmt in sql:
-                    try:
-                        conn.execute(stmt)
-                    except sqlite3.OperationalError as exc:
-                        if "already exists" not in str(exc):
-                            raise
-                conn.execute("COMMIT")
-                if sample_data:
-                    apply_inserts(conn, sample_data, report)
-            finally:
-                conn.close()
-            report.env_created_tables = sorted(set(report.env_created_tables) |
-                                               {s.split("(")[0].strip() for s in sql})
-            report.sha256 = file_sha256(path)
-            TemplateStore.save_report(report)
-            log.info("scenario %s: environment code created %d schema objects", report.scenario, len(sql))
+            done = self.templates.complete(path, report, sql, sample_data, clock=self.clock, seed=self.seed)
+            for name, (template, _) in list(self._templates.items()):
+                if template == path:  # episodes opened from now on copy the completed file
+                    self._templates[name] = done
+        log.info("scenario %s: environment code created %d schema objects (%d refused)", report.scenario,
+                 len(done[1].env_created_tables), sum(f[0] == "env_ddl" for f in done[1].failed))
 
     async def tools(self, scenario: str) -> list[dict[str, Any]]:
         """The scenario's tool list as MCP shows it (loads the scenario if needed)."""
@@ -271,24 +349,32 @@ class EnvRuntime:
         episode_id = episode_id or f"{scenario}-{next(self._counter)}-{uuid.uuid4().hex[:8]}"
         if not EPISODE_ID.fullmatch(episode_id):
             raise ValueError(f"episode_id {episode_id!r} is not allowed: use 1-128 letters, digits, '.', '_' or "
-                             "'-', starting with a letter or digit (it names the episode's DB file)")
+                             "'-', starting with a letter or digit (it is part of the episode's file names)")
         await self.pool.start()
         slot = self.pool.place(scenario)
         with self._lock:
             if episode_id in self.episodes or any(episode_id in s.episodes for s in self.pool.slots):
                 raise ValueError(f"episode_id {episode_id!r} is already open: close it first or pass another id")
             slot.episodes[episode_id] = scenario  # reserve before awaiting so placement sees it
+        # The episode's files are `<n>-<id>.db`, `<n>-<id>.snap<k>.db`, ...: `n` is this runtime's and unique, so
+        # no id (say "a.snap0") names another episode's file, and the files outlive no id's reuse.
+        db_path = Path(self.pool.worker_dir(slot)) / f"{next(self._counter)}-{episode_id}.db"
         try:
             tools = await self._load(slot, scenario)
             template, _ = self._templates[scenario]
-            db_path = Path(self.pool.worker_dir(slot)) / f"{episode_id}.db"
-            shutil.copyfile(template, db_path)
+            _copy_new(template, db_path)
             generation = slot.generation
-            await self._rpc(slot, generation, "open", {"episode": episode_id, "scenario": scenario,
-                                                       "db_path": str(db_path)}, self.call_timeout_s)
+            try:
+                await self._rpc(slot, generation, "open", {"episode": episode_id, "scenario": scenario,
+                                                           "db_path": str(db_path)}, self.call_timeout_s)
+            except WorkerRequestError as exc:  # e.g. the episode's own module instance failed to import
+                raise EnvLoadError(f"scenario {scenario!r}: the worker could not open episode {episode_id}: "
+                                   f"{exc.info.get('message', exc)!s:.1000}") from None
         except BaseException:
             with self._lock:
                 slot.episodes.pop(episode_id, None)
+            with contextlib.suppress(OSError):
+                _remove(db_path)
             raise
         ep = Episode(self, episode_id, scenario, task_idx, task, db_path, template, slot, generation, tools)
         self.episodes[episode_id] = ep
@@ -371,6 +457,8 @@ class Episode:
             raise InfraError(f"episode {self.id} already failed: {self.infra_error}")
 
     async def _rpc(self, op: str, payload: dict, timeout_s: float | None = None) -> Any:
+        """One request of this episode's (not a tool call: `call`). Its worker failing to serve it (a DB that
+        env code keeps locked past a snapshot's patience, say) fails the episode: `InfraError`."""
         self._check()
         try:  # straight to the pool's future: one coroutine frame less per call than `EnvRuntime._rpc`
             return await self.runtime.pool.submit(self._slot, op, {"episode": self.id, **payload},
@@ -378,26 +466,102 @@ class Episode:
         except InfraError as exc:
             self.infra_error = str(exc)
             raise
+        except WorkerRequestError as exc:
+            self.infra_error = f"the worker failed its '{op}': {str(exc)[:500]}"
+            raise InfraError(f"episode {self.id}: {self.infra_error}") from None
 
     async def call(self, tool: str, arguments: dict[str, Any] | str | None = None) -> Observation:
-        """Run one tool call; agent mistakes come back as error observations."""
+        """Run one tool call; agent mistakes come back as error observations, never as exceptions.
+
+        Arguments no frame can carry (nested too deep for JSON, too large) are refused before they are
+        sent: an `invalid_arguments` observation. A worker that fails to serve a call at all (not the
+        app's HTTP error, which is an observation) is the machinery's failure: `InfraError`."""
         async with self._busy:
+            self._check()
             # the worker interrupts SQL and Python past this soft deadline; the pool kills it at the hard one
             soft = self.runtime.call_timeout_s * SOFT_DEADLINE_SHARE
-            result = await self._rpc("call", {"tool": tool, "arguments": arguments, "soft_timeout_s": soft})
+            fut = self.runtime.pool.submit(self._slot, "call", {"episode": self.id, "tool": tool, "arguments": arguments,
+                                                                "soft_timeout_s": soft},
+                                           self.runtime.call_timeout_s, self._generation)
+            if fut.done() and not fut.cancelled() and isinstance(fut.exception(), WorkerRequestError):
+                # failed in `submit`, before anything was sent: the request cannot be framed (awm.runtime.wire)
+                return Observation(f"Input validation error: the arguments cannot be sent to the tool "
+                                   f"({fut.exception().info.get('message', '')[:300]})", is_error=True,
+                                   kind="invalid_arguments")
+            try:
+                result = await fut
+            except InfraError as exc:
+                self.infra_error = str(exc)
+                raise
+            except WorkerRequestError as exc:
+                self.infra_error = f"the worker failed to serve a call to {tool[:100]!r}: {str(exc)[:500]}"
+                raise InfraError(f"episode {self.id}: {self.infra_error}") from None
+            try:
+                obs = Observation.from_reply(result)
+            except ValueError as exc:  # what env code wrote in the worker's name, not the worker's reply
+                self.infra_error = f"the worker's reply to a call is not an observation ({exc})"
+                raise InfraError(f"episode {self.id}: {self.infra_error}") from None
             self.steps += 1
-            return Observation(**result)
+            return obs
 
     async def reset(self) -> None:
-        """Return the DB to the scenario's initial state (Gymnasium's reset, minus a new task)."""
+        """Return the DB to the scenario's initial state (Gymnasium's reset, minus a new task).
+
+        A page copy of the initial DB into the episode's connection, unless env code keeps a lock on the
+        file (`_db_held`): then the file is replaced (`_reopen`), which waits for nobody."""
         async with self._busy:
-            await self._rpc("restore", {"source": str(self.initial_db), "fresh_module": True})
+            self._check()
+            if _db_held(self.db_path, for_write=True):
+                await self._reopen(self.initial_db)
+            else:
+                await self._rpc("restore", {"source": str(self.initial_db), "fresh_module": True})
             self.steps = 0
+
+    async def _reopen(self, source: str | os.PathLike[str], copy_in_thread: bool = False,
+                      source_in_worker_dir: bool = False) -> None:
+        """Put a copy of `source` in place of the episode's DB file, then have the worker close the episode (its
+        connection, its module instance if it has one) and open it afresh: nothing env code holds (a lock of a
+        connection of its own, an open transaction, a journal left beside the DB) is waited for or survives,
+        because the old file is replaced, not overwritten. The worker's old connection is idle meanwhile (no
+        request of this episode runs), and close and open leave in one write (one round trip)."""
+        self._check()
+        fresh = self.db_path.with_name(self.db_path.name + ".new")
+        try:
+            if copy_in_thread:
+                await asyncio.to_thread(_copy_new, source, fresh, source_in_worker_dir)
+            else:  # a template or a snapshot: as `EnvRuntime.open` copies a template
+                _copy_new(source, fresh, source_in_worker_dir)
+            for side in SQLITE_SIDE_FILES:  # a journal beside the DB would be replayed into the fresh copy
+                _remove(self.db_path.with_name(self.db_path.name + side))
+            try:
+                os.replace(fresh, self.db_path)
+            except IsADirectoryError:  # env code put a directory in the DB's place
+                _remove(self.db_path)
+                os.replace(fresh, self.db_path)
+        except OSError as exc:
+            self.infra_error = f"replacing the DB of episode {self.id}: {type(exc).__name__}: {str(exc)[:500]}"
+            raise InfraError(self.infra_error) from None
+        pool, timeout = self.runtime.pool, self.runtime.call_timeout_s
+        closing = pool.submit(self._slot, "close", {"episode": self.id}, timeout, self._generation)
+        opening = pool.submit(self._slot, "open", {"episode": self.id, "scenario": self.scenario,
+                                                   "db_path": str(self.db_path)}, timeout, self._generation)
+        for fut in (closing, opening):
+            try:
+                await fut
+            except (InfraError, WorkerRequestError) as exc:
+                opening.add_done_callback(lambda f: f.cancelled() or f.exception())  # its failure is this one
+                self.infra_error = f"reopening the DB of episode {self.id}: {str(exc)[:500]}"
+                raise InfraError(self.infra_error) from None
 
     async def snapshot(self) -> Snapshot:
         """Save the current state; cheap (a page copy of a small DB)."""
         async with self._busy:
-            path = self.db_path.with_name(f"{self.id}.snap{next(self._snapshots)}.db")
+            self._check()
+            if _db_held(self.db_path, for_write=False):
+                self.infra_error = (f"environment code keeps a lock on the DB of episode {self.id} (a connection of "
+                                    "its own, left in a write transaction): no snapshot can read it")
+                raise InfraError(self.infra_error)
+            path = self.db_path.with_name(f"{self.db_path.stem}.snap{next(self._snapshots)}.db")
             self._snapshot_paths.append(path)
             await self._rpc("snapshot", {"dest": str(path)})
             return Snapshot(self.id, path, self.steps)
@@ -407,25 +571,25 @@ class Episode:
         if snap.episode_id != self.id:
             raise ValueError(f"snapshot belongs to episode {snap.episode_id}, not {self.id}")
         async with self._busy:
-            await self._rpc("restore", {"source": str(snap.path)})
+            self._check()
+            if _db_held(self.db_path, for_write=True):  # as `reset`: replace the file (a fresh module, too)
+                await self._reopen(snap.path, source_in_worker_dir=True)
+            else:
+                await self._rpc("restore", {"source": str(snap.path)})
             self.steps = snap.step
 
     async def load_state(self, path: str | os.PathLike[str]) -> None:
         """Replace the DB with a saved state file (e.g. a damaged state of the controlled recovery split).
 
         The verifier still compares against the scenario's initial DB, so an episode can start
-        mid-task from a state another episode produced. `steps` is left as is.
+        mid-task from a state another episode produced. `steps` is left as is. The file is replaced
+        (`_reopen`): an episode of a scenario with module state gets a fresh module instance, as at open.
         """
         source = Path(path).resolve()
         if not source.is_file():
             raise FileNotFoundError(f"state file {source} does not exist")
-        staged = self.db_path.with_name(f"{self.id}.load.db")  # the worker reads only its own dir
         async with self._busy:
-            await asyncio.to_thread(shutil.copyfile, source, staged)
-            try:
-                await self._rpc("restore", {"source": str(staged)})
-            finally:
-                staged.unlink(missing_ok=True)
+            await self._reopen(source, copy_in_thread=True)
 
     def state_hash(self) -> str:
         """Logical hash of the current DB content (for traces and replay checks)."""
@@ -470,14 +634,28 @@ class Episode:
         with rt._lock:
             self._slot.episodes.pop(self.id, None)
         rt.episodes.pop(self.id, None)
-        if not self.infra_error and not rt.closed:
-            try:
-                info = await rt._rpc(self._slot, self._generation, "close", {"episode": self.id}, rt.call_timeout_s)
-                rt.pool.episode_closed(self._slot, self._generation, info.get("max_rss_bytes", 0))
-            except (InfraError, WorkerRequestError):
-                pass  # the worker is gone or never had it: nothing left to release
+        try:
+            if not self.infra_error and not rt.closed:
+                try:
+                    info = await rt._rpc(self._slot, self._generation, "close", {"episode": self.id},
+                                         rt.call_timeout_s)
+                    rss = info.get("max_rss_bytes", 0) if isinstance(info, dict) else 0
+                    rt.pool.episode_closed(self._slot, self._generation, rss if type(rss) is int else 0)
+                except (InfraError, WorkerRequestError):
+                    pass  # the worker is gone or never had it: nothing left to release
+        finally:  # also when cancelled: the files are in RAM
+            self._remove_files()
+
+    def _remove_files(self) -> None:
+        """Delete the episode's files, whatever env code turned them into; never raises (a rollout calls
+        `close` in its `finally`), logs what it could not remove (the runtime's close removes it)."""
         for path in [self.db_path, *self._snapshot_paths]:
-            path.unlink(missing_ok=True)
+            for name in (path.name, path.name + ".new", *(path.name + side for side in SQLITE_SIDE_FILES)):
+                try:
+                    _remove(path.with_name(name))
+                except OSError as exc:
+                    log.warning("episode %s: cannot remove %s (%s); it goes with the runtime's directory",
+                                self.id, name, exc)
 
     async def __aenter__(self) -> Episode:
         return self

@@ -23,15 +23,21 @@ _SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SEL
 _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 1, 1 << 2, 1 << 3
 _LL_TRUNCATE = 1 << 14
 # seccomp, per machine: audit arch; syscalls always denied (fork, vfork, socket, ptrace, process_vm_readv,
-# process_vm_writev, unshare, setns); clone and clone3, allowed for threads only where threads are.
+# process_vm_writev, unshare, setns; then every other way to a socket or another process's fds: socketpair
+# (a datagram pair can sendto() any Unix socket path), io_uring_setup/enter/register (io_uring runs socket,
+# connect, openat... as ring operations seccomp never sees), pidfd_open, pidfd_getfd (copy another
+# process's fds) and pidfd_send_signal; and timer_create, whose POSIX timers outlive the call that armed
+# them and signal the worker later); clone and clone3, allowed for threads only where threads are.
 # "metadata" (verifier children only): chmod, chown, utime and xattr calls in every form, so that a verifier
 # reading an original database through a hard link (`awm.sandbox.place_databases`) cannot change its mode,
 # owner or times.
 _SECCOMP_SYSCALLS = {
-    "x86_64": {"arch": 0xC000003E, "deny": (57, 58, 41, 101, 310, 311, 272, 308), "clone": 56, "clone3": 435,
+    "x86_64": {"arch": 0xC000003E, "deny": (57, 58, 41, 101, 310, 311, 272, 308,
+                                            53, 425, 426, 427, 434, 438, 424, 222), "clone": 56, "clone3": 435,
                "metadata": (90, 91, 268, 452, 92, 93, 94, 260, 132, 235, 261, 280,
                             188, 189, 190, 197, 198, 199, 463, 466)},
-    "aarch64": {"arch": 0xC00000B7, "deny": (198, 117, 270, 271, 97, 268), "clone": 220, "clone3": 435,
+    "aarch64": {"arch": 0xC00000B7, "deny": (198, 117, 270, 271, 97, 268,
+                                             199, 425, 426, 427, 434, 438, 424, 107), "clone": 220, "clone3": 435,
                 "metadata": (52, 53, 452, 54, 55, 88, 5, 6, 7, 14, 15, 16, 463, 466)},
 }
 _CLONE_THREAD = 0x10000
@@ -148,8 +154,10 @@ def _landlock_ruleset(libc: ctypes.CDLL, abi: int, rules: list[tuple[int, int]])
 def _seccomp_program(threads: bool) -> _SockFprog | None:
     """A seccomp filter that fails with EPERM: fork and vfork; clone unless it makes a thread (`threads`)
     or always; clone3 (ENOSYS when `threads`, so the C library falls back to clone, whose flags a filter
-    can read); socket (no new sockets: no TCP, UDP or connect() to a Unix socket path); ptrace and
-    process_vm_readv/writev (no reading another process's memory); unshare and setns; without `threads`
+    can read); socket and socketpair (no new sockets: no TCP, UDP or connect() to a Unix socket path);
+    io_uring (its ring operations would open sockets around this filter); ptrace, process_vm_readv/writev
+    and the pidfd calls (no reading another process's memory or fds); unshare and setns; timer_create
+    (a POSIX timer would signal a later call or import); without `threads`
     (a verifier child) also chmod, chown, utime and xattr changes. Foreign syscall ABIs are refused too.
     None off x86_64/aarch64."""
     table = _SECCOMP_SYSCALLS.get(os.uname().machine)

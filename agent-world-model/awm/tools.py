@@ -88,6 +88,21 @@ class Observation:
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    @classmethod
+    def from_reply(cls, data: Any) -> Observation:
+        """The observation a worker sent (`to_dict`'s output); ValueError for anything else.
+
+        A worker runs generated code, which can write its own replies: the caller checks the fields it
+        reads instead of trusting their types (a few type checks, no copy)."""
+        try:
+            obs = cls(**data)
+        except TypeError:
+            raise ValueError(f"not an observation: {str(data)[:200]!r}") from None
+        if type(obs.text) is not str or type(obs.is_error) is not bool or type(obs.kind) is not str \
+                or type(obs.latency_s) not in (float, int) or type(obs.detail) is not str:
+            raise ValueError(f"not an observation: {str(data)[:200]!r}")
+        return obs
+
 
 def _resolve(schema: Any, components: dict[str, Any], depth: int = 0) -> Any:
     """Inline `$ref`s (recursive schemas are cut at a fixed depth)."""

@@ -27,10 +27,14 @@ files). A save that fails with an OSError (a full disk) removes its temporary fo
 free, and what to do.
 
 A checkpoint damaged afterwards (a disk error, a partial copy, a hand edit) is found before it is
-loaded: each file's framing is checked (JSON parses, safetensors headers match their sizes, torch
-zip archives open, every DCP shard file is as long as its metadata says). Loading then falls back
-to the newest older iteration that passes, and the log names the damaged file. Damage inside
-tensor data that leaves the framing intact is not detected.
+loaded: trainer_state.json carries the size and CRC-32 of every other file of the iteration (its
+"files" manifest, written by rank 0 after every rank wrote) and a CRC-32 of its own content
+("state_crc32"), and its fields are checked for type; then each file's framing is checked (JSON
+parses, safetensors headers match their sizes, torch zip archives open, every DCP shard file is as
+long as its metadata says). So damage inside tensor data that keeps the framing is found too. Loading
+then falls back to the newest older iteration that passes, and the log names the damaged file. The
+cost: every byte is read once more at save (rank 0) and at load (each rank), CRC-32 at about 7 GB/s
+a core. Checkpoints written before the manifest existed get the framing check only (logged).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import shutil
 import struct
 import warnings
 import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -317,11 +322,13 @@ def finish_save(save_dir: str | os.PathLike, tmp: Path, iteration: int, *, sched
     check of the whole folder, the rename into place, the latest pointer, then pruning to `keep`."""
     torch.save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
     torch.save(_torch_rng_state(), tmp / "rng.pt")
-    payload = {"format": FORMAT_VERSION, "iteration": iteration, **_host_rng_state(), **payload}
+    payload = {"format": FORMAT_VERSION, "iteration": iteration, **_host_rng_state(), **payload,
+               "files": manifest(tmp)}
+    payload["state_crc32"] = _state_crc(payload)
     (tmp / STATE_FILE).write_text(json.dumps(payload, indent=1))
     _fsync_tree(tmp)
     try:
-        check_iteration(tmp)
+        check_iteration(tmp, content=False)
     except CheckpointDamaged as exc:  # e.g. a rank wrote its shard to a folder rank 0 cannot see
         raise OSError(f"the written checkpoint does not read back: {exc}") from None
     final = iteration_dir(save_dir, iteration)
@@ -376,16 +383,28 @@ class CheckpointDamaged(ValueError):
     """A checkpoint file is missing or unreadable; the message names it."""
 
 
-def check_iteration(found: Path) -> dict[str, Any]:
-    """Check the framing of every file of iteration directory `found`; returns its trainer_state payload."""
+def check_iteration(found: Path, *, content: bool = True) -> dict[str, Any]:
+    """Check the content (manifest CRCs, when saved with one), fields and framing of every file of
+    iteration directory `found`; returns its trainer_state payload. `content` False: not the CRCs (the
+    save that just computed them)."""
     state = found / STATE_FILE
     try:
-        payload = json.loads(state.read_text())
-    except (OSError, ValueError) as exc:
+        payload = json.loads(state.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointDamaged(f"{state}: unreadable ({exc})") from None
     if not isinstance(payload, dict) or payload.get("format") not in READABLE_FORMATS:
         got = payload.get("format") if isinstance(payload, dict) else payload
         raise CheckpointDamaged(f"{state}: checkpoint format {got!r}, this code reads {READABLE_FORMATS}")
+    if "state_crc32" in payload and payload["state_crc32"] != _state_crc(payload):
+        raise CheckpointDamaged(f"{state}: its content changed after the save (CRC-32 {_state_crc(payload)}, saved "
+                                f"{payload['state_crc32']!r})")
+    _check_payload(state, payload)
+    if "files" in payload:
+        if content:
+            verify_manifest(found, payload["files"])
+    else:
+        logger.info("%s has no file manifest (saved by an older version): only the framing of its files is "
+                    "checked", found)
     archives = ("optimizer.pt", "rng.pt") if payload["format"] == 1 else (SCHEDULER_FILE, "rng.pt")
     for name in archives:
         try:
@@ -401,6 +420,73 @@ def check_iteration(found: Path) -> dict[str, Any]:
     if payload["format"] >= 2:
         _check_dcp(found / TRAINER_DIR)
     return payload
+
+
+def manifest(folder: Path) -> dict[str, list[int]]:
+    """{relative path: [size, CRC-32]} of every file under `folder` but trainer_state.json."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != STATE_FILE:
+            out[path.relative_to(folder).as_posix()] = [path.stat().st_size, _file_crc(path)]
+    return out
+
+
+def verify_manifest(found: Path, files: Any) -> None:
+    """Every file the manifest names is there with its saved size and CRC-32; else CheckpointDamaged naming it."""
+    if not isinstance(files, dict) or not all(
+            isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v) for v in files.values()):
+        raise CheckpointDamaged(f"{found / STATE_FILE}: its 'files' manifest is not {{path: [size, crc32]}}")
+    for name, (size, crc) in sorted(files.items()):
+        path = found / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise CheckpointDamaged(f"{found / STATE_FILE}: the manifest names {name!r}, outside the checkpoint")
+        try:
+            got = path.stat().st_size
+            if got != size:
+                raise CheckpointDamaged(f"{path}: {got} bytes, saved as {size} (truncated or overwritten)")
+            got_crc = _file_crc(path)
+        except OSError as exc:
+            raise CheckpointDamaged(f"{path}: unreadable ({exc})") from None
+        if got_crc != crc:
+            raise CheckpointDamaged(f"{path}: its content changed after the save (CRC-32 {got_crc}, saved {crc}): "
+                                    "a disk error, a partial copy or an edit")
+
+
+def _file_crc(path: Path, chunk: int = 16 << 20) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _state_crc(payload: dict[str, Any]) -> int:
+    """CRC-32 of trainer_state's content without its own CRC (canonical JSON: key order does not matter)."""
+    body = {k: v for k, v in payload.items() if k != "state_crc32"}
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+
+
+def _check_payload(state: Path, payload: dict[str, Any]) -> None:
+    """The fields loading reads have their types: damage that keeps the JSON valid is named here, not
+    met later as a bare KeyError or TypeError."""
+    def bad(field: str, expected: str) -> CheckpointDamaged:
+        return CheckpointDamaged(f"{state}: field {field!r} is {payload.get(field)!r:.80}, expected {expected}")
+
+    if type(payload.get("iteration")) is not int or payload["iteration"] < 0:
+        raise bad("iteration", "a non-negative integer")
+    inner = payload.get("state")
+    if not isinstance(inner, dict) or type(inner.get("step")) is not int or "data_state" not in inner:
+        raise bad("state", "an object with an integer 'step' and a 'data_state'")
+    rng = payload.get("python_rng")
+    if not (isinstance(rng, list) and len(rng) == 3 and type(rng[0]) is int and isinstance(rng[1], list)
+            and all(type(x) is int for x in rng[1]) and (rng[2] is None or isinstance(rng[2], float))):
+        raise bad("python_rng", "[version, [ints], gauss]")
+    numpy_rng = payload.get("numpy_rng")
+    if numpy_rng is not None and not (isinstance(numpy_rng, list) and len(numpy_rng) == 5
+                                      and isinstance(numpy_rng[1], list)):
+        raise bad("numpy_rng", "[name, [keys], pos, has_gauss, cached]")
+    if payload["format"] >= 2 and payload.get("master_weights") not in (MASTER_IN_MODEL, MASTER_IN_TRAINER):
+        raise bad("master_weights", f"{MASTER_IN_MODEL!r} or {MASTER_IN_TRAINER!r}")
 
 
 def _check_safetensors(file: Path) -> None:
@@ -502,16 +588,25 @@ def read_state(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     return found, payload
 
 
+def _torch_load(path: Path) -> Any:
+    """torch.load (weights only); a file that does not load names itself (checkpoints without a manifest)."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a damaged archive raises RuntimeError, UnpicklingError, EOFError...
+        raise CheckpointDamaged(f"{path}: does not load ({type(exc).__name__}: {exc}); resume from an older "
+                                "iteration (point --load at its iter_* folder) or repair the file") from None
+
+
 def read_optimizer(found: Path) -> dict[str, Any]:
     """Format 1's optimizer.pt: optimizer and scheduler states (+ optimizer_format)."""
-    return torch.load(found / "optimizer.pt", weights_only=True)
+    return _torch_load(found / "optimizer.pt")
 
 
 def read_scheduler(found: Path, payload: dict[str, Any]) -> dict[str, Any]:
     """The LR-scheduler state of an iteration directory of either format."""
     if payload["format"] == 1:
         return read_optimizer(found)["scheduler"]
-    return torch.load(found / SCHEDULER_FILE, weights_only=True)
+    return _torch_load(found / SCHEDULER_FILE)
 
 
 def read_hf_weights(model_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -527,7 +622,7 @@ def read_hf_weights(model_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 def restore_rng(found: Path, payload: dict[str, Any]) -> None:
     """Restore torch, python and numpy RNG states saved with an iteration."""
-    _set_torch_rng_state(torch.load(found / "rng.pt", weights_only=True))
+    _set_torch_rng_state(_torch_load(found / "rng.pt"))
     _set_host_rng_state(payload)
 
 

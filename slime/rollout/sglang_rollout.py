@@ -36,7 +36,7 @@ from slime.engine.base import ABORT, LOADS
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.data_source import Prompt, RolloutDataSource, load_prompts
 from slime.rollout.filter_hub.base_types import DynamicFilterOutput
-from slime.rollout.rm_hub import async_rm, batched_async_rm
+from slime.rollout.rm_hub import async_rm, batched_async_rm, check_reward
 from slime.utils.http_utils import HTTPRequestError, get, post
 from slime.utils.plugins import load_function
 from slime.utils.types import Sample
@@ -188,6 +188,9 @@ async def generate_and_rm(
                 s.reward = r
     elif result.reward is None:
         result.reward = await async_rm(args, result)
+    for s in result if isinstance(result, list) else [result]:
+        if s.reward is not None:  # set by the generate function itself: the same contract as an RM's
+            check_reward(args, s, s.reward)
     return result
 
 
@@ -208,6 +211,9 @@ async def generate_and_rm_group(
         if unscored:
             for s, r in zip(unscored, await batched_async_rm(args, unscored), strict=True):
                 s.reward = r
+        for s in samples:
+            if s.reward is not None:
+                check_reward(args, s, s.reward)
     return samples
 
 

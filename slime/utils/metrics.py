@@ -146,28 +146,58 @@ class MetricsWriter:
 
 
 def drop_steps_from(path: Path, step: int) -> int:
-    """Rewrite the JSONL at `path` without its lines of `step` or later (atomically); returns how many went.
+    """Rewrite the JSONL at `path` without its lines of `step` or later (atomically); returns how many of
+    those went.
 
-    Lines that are not JSON objects with an integer step (a torn last line of a killed run) go too.
+    A damaged line (bytes that are not UTF-8, not a JSON object with an integer step, a torn last line
+    of a killed run) is kept out of the rewritten file too, but never silently: each is named by
+    file:line in a warning and its bytes are appended to `<path>.damaged`, so nothing is lost.
     """
     if not path.is_file():
         return 0
-    kept, dropped = [], 0
-    for line in path.read_text().splitlines(keepends=True):
-        try:
-            record = json.loads(line)
-            keep = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] < step
-        except ValueError:
-            keep = False
-        if keep:
-            kept.append(line if line.endswith("\n") else line + "\n")
+    kept: list[bytes] = []
+    dropped = 0
+    damaged: list[tuple[int, str, bytes]] = []
+    data = path.read_bytes()
+    lines = [line + b"\n" for line in data.split(b"\n")[:-1]] + ([data.rsplit(b"\n", 1)[-1]] if data and not
+                                                                   data.endswith(b"\n") else [])
+    for lineno, line in enumerate(lines, start=1):
+        line_step, reason = _step_of(line)
+        if reason is not None:
+            damaged.append((lineno, reason, line))
+        elif line_step < step:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
         else:
             dropped += 1
-    if dropped:
+    if damaged:
+        side = path.with_name(path.name + ".damaged")
+        with open(side, "ab") as f:
+            f.write(b"".join(line if line.endswith(b"\n") else line + b"\n" for _, _, line in damaged))
+        for lineno, reason, _ in damaged:
+            logger.warning("%s:%d: damaged metrics line (%s): left out of the resumed file, its bytes appended to "
+                           "%s", path, lineno, reason, side)
+    if dropped or damaged:
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        tmp.write_text("".join(kept))
+        tmp.write_bytes(b"".join(kept))
         os.replace(tmp, path)
     return dropped
+
+
+def _step_of(line: bytes) -> tuple[int, str | None]:
+    """A metrics line's step, or why the line is damaged (not a JSON object with an integer step)."""
+    if not line.endswith(b"\n"):
+        return -1, "torn last line: the run that wrote it was killed mid-write"
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return -1, f"byte {exc.object[exc.start]:#04x} at column {exc.start + 1} is not UTF-8"
+    except ValueError as exc:
+        return -1, f"not JSON: {exc}"
+    except RecursionError:
+        return -1, "JSON nested too deeply"
+    if not isinstance(record, dict) or type(record.get("step")) is not int:
+        return -1, "not a JSON object with an integer 'step'"
+    return record["step"], None
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from awm.predicates.predicate import (
     phi,
     phi_of_rows,
     rows_digest,
+    run_query,
     validate,
 )
 from awm.predicates.verifier_analysis import analyse, required_count, traced_run
@@ -112,6 +113,17 @@ def test_predicates_run_read_only_and_failures_are_unmet(states):
     bad = [Predicate("c1", "UPDATE accounts SET balance = 0", "exists"), Predicate("c2", "SELECT * FROM nope", "not_exists")]
     assert evaluate(s0, bad) == [0.0, 0.0]
     assert sqlite3.connect(s0).execute("SELECT balance FROM accounts").fetchone()[0] == 80.0
+
+
+def test_predicate_sql_from_a_file_cannot_write_files_through_a_read_only_connection(states, tmp_path):
+    """A read-only connection still lets ATTACH create a file and VACUUM INTO write a copy (issue 38)."""
+    s0 = states[0]
+    attached, copy = tmp_path / "attached.db", tmp_path / "copy.db"
+    for sql in (f"ATTACH '{attached}' AS x", f"VACUUM INTO '{copy}'"):
+        with pytest.raises(sqlite3.Error):
+            run_query(s0, sql)
+    assert evaluate(s0, [Predicate("c1", f"VACUUM INTO '{copy}'", "exists")]) == [0.0]
+    assert not attached.exists() and not copy.exists()
 
 
 def test_static_analysis():

@@ -141,6 +141,9 @@ def run_query(db_path: str | Path, sql: str, *, timeout_s: float = 2.0, max_rows
     """Rows of `sql` (at most `max_rows`) on a read-only connection; raises sqlite3.Error (also when past
     `timeout_s`)."""
     conn = sqlite3.connect(f"file:{Path(db_path).resolve()}?mode=ro", uri=True)
+    # predicate SQL comes from a file anyone may have edited; a read-only connection can still ATTACH (which
+    # creates a file) and VACUUM INTO (which writes a copy): both need an attached slot, so allow none
+    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     deadline = time.monotonic() + timeout_s
     conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
     try:

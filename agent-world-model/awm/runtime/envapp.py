@@ -237,10 +237,12 @@ def _validation_message(err: jsonschema.ValidationError) -> str:
 async def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, name: str, arguments: Any) -> Observation:
     """Validate and dispatch one tool call against the episode's database `db`."""
     t0 = time.perf_counter()
-    tool = env.tools.get(name)
+    tool = env.tools.get(name) if type(name) is str else None
     if tool is None:
         known = ", ".join(sorted(env.tools))
-        return Observation(f"Error: unknown tool '{name}'. Available tools: {known}", is_error=True,
+        shown = name[:200].encode("utf-8", "backslashreplace").decode() if type(name) is str \
+            else f"<{type(name).__name__}>"  # whatever the caller sent, as valid text
+        return Observation(f"Error: unknown tool '{shown}'. Available tools: {known}", is_error=True,
                            kind="unknown_tool")
     if isinstance(arguments, str):
         try:
@@ -254,19 +256,35 @@ async def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, name: 
         return Observation("Input validation error: arguments must be a JSON object", is_error=True,
                            kind="invalid_arguments")
     check = env.checks[name]
-    error = None if check is not None and check(arguments) else next(iter(env.validators[name].iter_errors(arguments)),
-                                                                      None)
-    if error is not None:
-        return Observation(f"Input validation error: {_validation_message(error)}", is_error=True,
-                           kind="invalid_arguments")
-    req = build_request(tool, arguments)
+    try:
+        error = None if check is not None and check(arguments) else next(
+            iter(env.validators[name].iter_errors(arguments)), None)
+        problem = _validation_message(error) if error is not None else None
+        req = build_request(tool, arguments) if problem is None else None
+    except RecursionError:  # a value nested deeper than the validator can walk
+        problem = "arguments are nested too deeply"
+    except UnicodeEncodeError as exc:  # a lone surrogate (from a "\\ud800" escape) where the request needs UTF-8
+        problem = f"arguments hold text that is not valid Unicode ({exc.object[exc.start:exc.end]!a})"
+    if problem is not None:
+        return Observation(f"Input validation error: {problem}", is_error=True, kind="invalid_arguments")
     with db.use(env, router):  # the worker serves one request at a time, so no other call interleaves
         status, body, server_error = await env.dispatcher.call(req, tool.path)
         if status == 500 and db.deadline is not None and db.deadline.passed():
             # Two enforcers race past the deadline (SQLite's progress handler, the watcher thread):
             # whichever fired, or whatever the handler made of it, the call was interrupted.
             status, body, server_error = interrupted_reply(server_error)
+    if status == 500 and server_error and any(sign in server_error for sign in _NO_ROOM):
+        # the episode's DB lives in a file system all episodes share (/dev/shm by default): a full one is the
+        # machinery's failure (some episode filled it), never the agent's; the worker answers with an error
+        raise DiskFull(f"tool {name!r} could not write its DB: {server_error.splitlines()[0][:300]}")
     obs = observation_from_response(name, status, body)
     obs.detail = server_error
     obs.latency_s = time.perf_counter() - t0
     return obs
+
+
+_NO_ROOM = ("database or disk is full", "No space left on device", "Disk quota exceeded")
+
+
+class DiskFull(RuntimeError):
+    """A call's write found no room: an infrastructure failure (`Episode.call` raises InfraError)."""

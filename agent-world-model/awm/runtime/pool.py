@@ -4,9 +4,20 @@ Each worker (`awm.runtime.worker`) is a separate Python process with an allow-li
 The pool talks to it over a socketpair registered with the running event loop: replies are
 parsed in the loop itself and resolve the waiting futures directly (no helper threads, few
 system calls per tool call). A watchdog task enforces per-request deadlines: a worker whose
-current request overruns is killed (it may be stuck in generated code) and replaced at once. A
-worker answers a batch of requests in one write, so which request runs now comes from a record
-the worker writes in shared memory (`wire.Progress`): it times that request and takes the blame.
+current request overruns is killed (it may be stuck in generated code) and replaced at once.
+
+Trust: a worker runs generated code, so nothing it writes decides a deadline or the blame that counts.
+A worker serves its requests one at a time in the order sent, so the oldest unanswered request (the
+head) started no later than the later of its sending and the last reply: its hard deadline is that
+plus its timeout, computed from the pool's own clock (`_watch`). The worker's shared progress record
+(`wire.Progress`) is a hint that can only make the kill earlier, and names which call of a batch
+was running when its worker died (a call's blame has no consequence). A `load` (an import, whose
+crashes count against its scenario) is sent only to an idle worker, and nothing else is sent until it
+answers: a death during it has exactly one possible culprit. A reply must answer the head, once: any
+other (a reply env code forges for a request not sent, or out of order) breaks the protocol and kills
+the worker. Env code can still forge the reply to a request its worker was sent (it runs in that
+process); that reaches only the episodes of that worker. Worker stdout and stderr come through a pipe
+the pool drains into logging, at most `STDERR_BUDGET` bytes per `STDERR_WINDOW_S` per worker.
 
 Placement: an episode goes to the worker minimising `open episodes + LOAD_PENALTY` (the
 penalty applies where its scenario is not yet loaded), so a popular scenario spreads over
@@ -30,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +50,10 @@ from awm.runtime import wire
 log = logging.getLogger(__name__)
 
 LOAD_PENALTY = 4
+DATA_LIMIT_FACTOR = 4  # a worker's RLIMIT_DATA, in multiples of its memory ceiling (`memory_limit_bytes`)
+MIN_DATA_LIMIT = 4 << 30  # and at least this: thread stacks (8 MiB each) count against RLIMIT_DATA too
+STDERR_BUDGET = 64 << 10  # bytes of a worker's stdout/stderr forwarded to logging per window; the rest is dropped
+STDERR_WINDOW_S = 10.0
 ENV_ALLOWLIST = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH",
                  "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV", "AWM_LOG_LEVEL")
 
@@ -47,8 +62,9 @@ class InfraError(RuntimeError):
     """The environment infrastructure failed; not the agent's fault, never a reward of 0.
 
     `culprit` is True on the request that was running when its worker died or overran (the worker
-    serves one request at a time, so that request caused it; its progress record names it); False on
-    the bystanders: those queued behind it, and those of its batch whose replies died with the worker.
+    serves one request at a time, so that request caused it); False on the bystanders: those queued
+    behind it, and those of its batch whose replies died with the worker. For a `load` it is trusted (a
+    load runs alone in its worker); for other requests it comes from the worker's progress hint.
     """
 
     culprit = False
@@ -79,7 +95,8 @@ class _Pending:
     future: asyncio.Future
     op: str
     timeout_s: float
-    submitted: float
+    submitted: float  # when it was handed to the worker's socket (or its outbox before it connected)
+    exclusive: bool = False  # runs alone in its worker (a load): sent to an idle worker, nothing sent after it
 
 
 @dataclass
@@ -92,13 +109,48 @@ class WorkerSlot:
     transport: asyncio.Transport | None = None
     outbox: list[bytes] = field(default_factory=list)  # frames not written yet (one write per loop iteration)
     flush_scheduled: bool = False
-    pending: OrderedDict[int, _Pending] = field(default_factory=OrderedDict)
-    head_started: float = 0.0  # when the worker last answered (or became busy): the fallback clock
-    progress: wire.Progress | None = None
+    pending: OrderedDict[int, _Pending] = field(default_factory=OrderedDict)  # sent, in the order it serves them
+    held: deque[tuple[int, bytes, _Pending]] = field(default_factory=deque)  # not sent: behind an exclusive one
+    alone: bool = False  # an exclusive request is in flight: nothing else is sent until it is answered
+    last_reply: float = 0.0  # when the worker last answered (or started): the head started no later
+    progress: wire.Progress | None = None  # the worker's hint: which request runs, since when
+    log: asyncio.BaseTransport | None = None  # the pipe of the worker's stdout and stderr
     loaded: OrderedDict[str, asyncio.Future] = field(default_factory=OrderedDict)  # scenario -> load (LRU)
     episodes: dict[str, str] = field(default_factory=dict)  # episode id -> scenario
     dead_reason: str = ""
     draining: bool = False  # past the memory ceiling: no new episodes, recycled when the last one closes
+
+
+class _WorkerOutput(asyncio.Protocol):
+    """A worker's stdout and stderr, forwarded to logging line by line, at most `STDERR_BUDGET` bytes per
+    `STDERR_WINDOW_S`: env code that prints without end can neither fill the trainer's own stderr (an
+    unread pipe would block it) nor its logs; a worker never blocks on it (the pool always reads)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.window, self.forwarded, self.dropped = time.monotonic(), 0, 0
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic()
+        if now - self.window >= STDERR_WINDOW_S:
+            self._report_dropped()
+            self.window, self.forwarded = now, 0
+        room = max(0, STDERR_BUDGET - self.forwarded)
+        self.dropped += max(0, len(data) - room)
+        data = data[:room]
+        self.forwarded += len(data)
+        for line in data.decode("utf-8", "replace").splitlines():
+            if line.strip():
+                log.warning("worker %d: %s", self.index, line)
+
+    def _report_dropped(self) -> None:
+        if self.dropped:
+            log.warning("worker %d: %d bytes of its output dropped (over %d bytes per %.0f s)", self.index,
+                        self.dropped, STDERR_BUDGET, STDERR_WINDOW_S)
+            self.dropped = 0
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._report_dropped()
 
 
 class _WorkerProtocol(asyncio.Protocol):
@@ -166,6 +218,9 @@ class WorkerPool:
         self.lockdown = lockdown
         self.direct_dispatch = direct_dispatch  # False: every call over ASGI (awm.runtime.dispatch), to compare
         self.memory_limit_bytes = memory_limit_bytes  # peak RSS past which a worker is recycled between episodes
+        # the hard cap: an allocation past it fails (MemoryError in the call) instead of growing the worker
+        # until the machine's OOM killer picks a victim (workers volunteer first: oom_score_adj 1000)
+        self.data_limit_bytes = memory_limit_bytes and max(DATA_LIMIT_FACTOR * memory_limit_bytes, MIN_DATA_LIMIT)
         self.recycles = 0
         self.max_scenarios = max_scenarios
         self._ids = itertools.count(1)
@@ -202,26 +257,32 @@ class WorkerPool:
                                                         env.get("PYTHONPATH", "")] if p)
         env["TMPDIR"] = workdir  # SQLite's and tempfile's scratch files stay where the worker may write
         config = json.dumps({"dir": workdir, "read": self.read_dirs, "lockdown": self.lockdown,
-                             "direct_dispatch": self.direct_dispatch, "progress_fd": slot.progress.fd})
+                             "direct_dispatch": self.direct_dispatch, "progress_fd": slot.progress.fd,
+                             "data_limit": self.data_limit_bytes})
         # cwd is the worker's dir: `-m` puts it first on sys.path, and sys.path entries are readable
         slot.proc = subprocess.Popen([sys.executable, "-m", "awm.runtime.worker", str(child_sock.fileno()), config],
                                      pass_fds=(child_sock.fileno(), slot.progress.fd), env=env, start_new_session=True,
-                                     stdin=subprocess.DEVNULL, cwd=workdir)
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     cwd=workdir)
         child_sock.close()
         parent_sock.setblocking(False)
-        slot.pending, slot.loaded, slot.episodes = OrderedDict(), OrderedDict(), {}
+        slot.pending, slot.held, slot.loaded, slot.episodes = OrderedDict(), deque(), OrderedDict(), {}
         slot.dead_reason, slot.transport, slot.outbox, slot.draining = "", None, [], False
-        slot.flush_scheduled = False
-        slot.head_started = time.monotonic()
-        self._loop.create_task(self._connect(slot, slot.generation, parent_sock))
+        slot.flush_scheduled = slot.alone = False
+        slot.last_reply = time.monotonic()
+        self._loop.create_task(self._connect(slot, slot.generation, parent_sock, slot.proc.stdout))
 
-    async def _connect(self, slot: WorkerSlot, generation: int, sock: socket.socket) -> None:
+    async def _connect(self, slot: WorkerSlot, generation: int, sock: socket.socket, output: Any) -> None:
+        try:
+            log_transport, _ = await self._loop.connect_read_pipe(lambda: _WorkerOutput(slot.index), output)
+        except (OSError, ValueError):  # the worker is gone already (or closed with the pool)
+            log_transport = None
         transport, _ = await self._loop.connect_accepted_socket(
             lambda: _WorkerProtocol(self, slot, generation), sock=sock)
         if slot.generation != generation:
-            transport.abort()
+            transport.abort()  # the output pipe is read on to its end, and closes itself there
             return
-        slot.transport = transport
+        slot.transport, slot.log = transport, log_transport
         for frame in slot.outbox:
             transport.write(frame)
         slot.outbox.clear()
@@ -229,28 +290,42 @@ class WorkerPool:
     def _reply(self, slot: WorkerSlot, generation: int, req_id: int, ok: bool, result: Any) -> None:
         if slot.generation != generation:
             return
-        item = slot.pending.pop(req_id, None)
-        slot.head_started = time.monotonic()
-        if item is not None and not item.future.done():
+        head, item = slot.pending.popitem(last=False) if slot.pending else (None, None)
+        if req_id != head:  # the worker answers in order, once: this reply was forged (or the worker is broken)
+            if head is not None:  # put it back: it fails with the others
+                slot.pending[head] = item
+                slot.pending.move_to_end(head, last=False)
+            expected = f"request {head}" if head is not None else "no reply"
+            self._on_death(slot, generation, f"worker {slot.index} broke the protocol (a reply to request {req_id}, "
+                           f"expected {expected})")
+            return
+        slot.last_reply = time.monotonic()
+        slot.alone = False  # an exclusive request is the only one in flight: it was this one
+        if not item.future.done():
             if ok:
                 item.future.set_result(result)
             else:  # the worker's words: an error record, or whatever its code put there
                 info = result if isinstance(result, dict) else {"type": "ProtocolError", "message": repr(result)[:300]}
                 item.future.set_exception(WorkerRequestError(info))
+        if not slot.pending and slot.held:
+            self._release(slot)
 
     def _on_death(self, slot: WorkerSlot, generation: int, reason: str, exc_type: type = WorkerCrashed,
-                  recycled: bool = False) -> None:
+                  recycled: bool = False, culprit: int | None = None) -> None:
+        """`culprit`: the request that overran (the watchdog knows); else the one that was running."""
         if slot.generation != generation:
             return
         self._kill(slot)
-        culprit = None if recycled or self._closed or not slot.pending else self._running(slot)[0]
+        if culprit is None and not (recycled or self._closed) and slot.pending:
+            culprit = self._running(slot)[0]
         code = slot.proc.returncode if slot.proc else None
         if code is not None and not recycled:
             reason += f" (exit code {code})"
         if not self._closed and not recycled:
             log.warning("%s; %d requests and %d episodes fail as infrastructure errors", reason,
-                        len(slot.pending), len(slot.episodes))
-        pending = list(slot.pending.items())
+                        len(slot.pending) + len(slot.held), len(slot.episodes))
+        pending = [*slot.pending.items(), *((req_id, item) for req_id, _, item in slot.held)]
+        slot.held = deque()
         slot.generation += 1
         slot.dead_reason = reason
         for req_id, item in pending:
@@ -273,6 +348,7 @@ class WorkerPool:
                 slot.transport.abort()
             except RuntimeError:  # the event loop is already closed: the socket goes with the process
                 pass
+        slot.log = None  # its output pipe is read on to its end (the dying words) and closes itself there
         if slot.proc is not None and slot.proc.poll() is None:
             try:
                 os.killpg(slot.proc.pid, signal.SIGKILL)
@@ -282,17 +358,22 @@ class WorkerPool:
 
     @staticmethod
     def _running(slot: WorkerSlot) -> tuple[int, _Pending, float]:
-        """The request `slot`'s worker runs now, and since when (it has pending requests).
+        """The request `slot`'s worker most likely runs now, and its hard deadline (it has pending requests).
 
-        The progress record names it, unless the worker has not started any pending request yet (it is
-        between batches): then it is the oldest pending one, timed from the worker's last answer."""
-        if slot.progress is not None:
+        Trusted: the head (the oldest unanswered request) started no later than the later of its sending
+        and the worker's last reply, so it must end by then plus its timeout. The progress hint may name a
+        later request of the batch (the head's reply may be held for the batch) or an earlier start: it is
+        used only where its deadline is earlier. An exclusive head (a load) is alone: no hint applies."""
+        head_id, head = next(iter(slot.pending.items()))
+        deadline = max(slot.last_reply, head.submitted) + head.timeout_s
+        if slot.progress is not None and not head.exclusive:
             req_id, started = slot.progress.running()
             item = slot.pending.get(req_id)
-            if item is not None:
-                return req_id, item, max(started, item.submitted)
-        req_id, item = next(iter(slot.pending.items()))
-        return req_id, item, max(slot.head_started, item.submitted)
+            if item is not None and max(started, item.submitted) + item.timeout_s < deadline:
+                return req_id, item, max(started, item.submitted) + item.timeout_s
+            if item is not None:  # the hint's request, with the trusted deadline (which is earlier)
+                return req_id, item, deadline
+        return head_id, head, deadline
 
     async def _watch(self) -> None:
         while not self._closed:
@@ -301,15 +382,19 @@ class WorkerPool:
             for slot in self.slots:
                 if not slot.pending or slot.transport is None:
                     continue
-                _, item, since = self._running(slot)
-                if now - since > item.timeout_s:
+                req_id, item, deadline = self._running(slot)
+                if now > deadline:
                     self._on_death(slot, slot.generation, f"worker {slot.index}: '{item.op}' exceeded "
-                                   f"{item.timeout_s:.1f} s; worker killed and replaced", ToolTimeout)
+                                   f"{item.timeout_s:.1f} s; worker killed and replaced", ToolTimeout,
+                                   culprit=req_id)
 
     # ---- requests --------------------------------------------------------------------
     def submit(self, slot: WorkerSlot, op: str, payload: dict[str, Any], timeout_s: float,
-               generation: int | None = None) -> asyncio.Future:
-        """Send one request; the future fails with an InfraError if the worker dies first."""
+               generation: int | None = None, exclusive: bool = False) -> asyncio.Future:
+        """Send one request; the future fails with an InfraError if the worker dies first.
+
+        `exclusive`: run it alone in the worker (see the module docstring): it waits until the worker has
+        answered everything sent before it, and what is submitted after it waits until it is answered."""
         if self._loop is None or self._closed:
             raise RuntimeError("the worker pool is not running: `await pool.start()` first (and do not use it "
                                "after close())")
@@ -325,11 +410,14 @@ class WorkerPool:
         except ValueError as exc:  # arguments JSON cannot carry: this request fails, nothing else
             fut.set_exception(WorkerRequestError({"type": "ValueError", "message": str(exc)}))
             return fut
-        now = time.monotonic()
+        item = _Pending(fut, op, timeout_s, 0.0, exclusive)
+        if slot.held or slot.alone or (exclusive and slot.pending):
+            slot.held.append((req_id, frame, item))  # sent by `_release` once the worker is idle
+            return fut
         idle = not slot.pending
-        if idle:
-            slot.head_started = now
-        slot.pending[req_id] = _Pending(fut, op, timeout_s, now)
+        slot.alone = exclusive
+        item.submitted = time.monotonic()
+        slot.pending[req_id] = item
         slot.outbox.append(frame)
         if slot.transport is None:
             pass  # `_connect` writes the outbox
@@ -339,6 +427,18 @@ class WorkerPool:
             slot.flush_scheduled = True  # the worker is busy: frames of this loop iteration go in one write
             self._loop.call_soon(self._flush, slot, slot.generation)
         return fut
+
+    def _release(self, slot: WorkerSlot) -> None:
+        """The worker is idle: send what was held, an exclusive request alone or the requests before the next."""
+        now = time.monotonic()
+        while slot.held and not slot.alone and not (slot.pending and slot.held[0][2].exclusive):
+            req_id, frame, item = slot.held.popleft()
+            item.submitted = now
+            slot.alone = item.exclusive
+            slot.pending[req_id] = item
+            slot.outbox.append(frame)
+        if slot.transport is not None:
+            self._flush(slot, slot.generation)
 
     @staticmethod
     def _flush(slot: WorkerSlot, generation: int) -> None:
@@ -382,7 +482,7 @@ class WorkerPool:
             slot.loaded.move_to_end(scenario)
             return fut
         fut = self.submit(slot, "load", {"scenario": scenario, "code": code, "template": template, "tools": tools},
-                          timeout_s)
+                          timeout_s, exclusive=True)  # alone: a crash or hang during an import has one culprit
         _fire_and_forget(fut)  # awaited by whoever opens an episode; a failure nobody awaits is not news
         slot.loaded[scenario] = fut
         self._evict_idle(slot)
@@ -410,7 +510,15 @@ class WorkerPool:
         if self._watchdog is not None and not self._watchdog.get_loop().is_closed():
             self._watchdog.cancel()
         for slot in self.slots:
+            output = slot.log
             self._on_death(slot, slot.generation, "the worker pool was closed")
+            try:
+                if output is not None:
+                    output.close()
+            except RuntimeError:  # its event loop is closed: close the pipe itself
+                pass
+            if slot.proc is not None and slot.proc.stdout is not None and (output is None or output.is_closing()):
+                slot.proc.stdout.close()
             if slot.progress is not None:
                 slot.progress.close()
                 slot.progress = None

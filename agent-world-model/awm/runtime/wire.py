@@ -9,7 +9,6 @@ errors). The framing lets the caller parse many replies from one `recv` (fewer s
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import struct
@@ -17,8 +16,13 @@ import tempfile
 import time
 from typing import Any
 
+import orjson
+
 _HEADER = struct.Struct(">I")
-MAX_FRAME = 64 << 20  # a tool's observation is capped far below this; a larger frame is an attack or a bug
+MAX_FRAME = 16 << 20
+"""The cap on one message either way, and so on one tool result: a worker turns a larger call result into an
+error observation naming this cap (`awm.runtime.worker.serve`); a larger frame from a worker is a protocol
+break (the pool kills it) and is refused from its 4-byte header, before its body is read."""
 
 
 class FrameError(ValueError):
@@ -26,10 +30,11 @@ class FrameError(ValueError):
 
 
 def encode(message: Any) -> bytes:
-    """One frame; raises ValueError for values JSON cannot carry (bytes, sets, objects, a nesting too deep)."""
+    """One frame; raises ValueError for values JSON cannot carry (bytes, sets, objects, a lone surrogate, a
+    nesting deeper than orjson's 254 levels). Dict keys that are not strings become strings, as in `json`."""
     try:
-        body = json.dumps(message, separators=(",", ":")).encode("utf-8")
-    except (TypeError, RecursionError) as exc:
+        body = orjson.dumps(message, option=orjson.OPT_NON_STR_KEYS)
+    except (TypeError, RecursionError) as exc:  # orjson.JSONEncodeError is a TypeError
         raise ValueError(f"message cannot be sent as JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
     if len(body) > MAX_FRAME:
         raise ValueError(f"message of {len(body)} bytes is over the {MAX_FRAME}-byte frame limit")
@@ -50,18 +55,26 @@ def decode_all(buffer: bytearray, shape: tuple[type, ...] | None = None) -> list
                 raise FrameError(f"frame of {n} bytes is over the {MAX_FRAME}-byte limit")
             if len(buffer) - pos - _HEADER.size < n:
                 break
-            try:
-                message = json.loads(bytes(buffer[pos + _HEADER.size: pos + _HEADER.size + n]).decode("utf-8"))
+            try:  # orjson: strict UTF-8, no NaN, nesting bounded (1,024), ~5x faster than `json` here
+                message = orjson.loads(buffer[pos + _HEADER.size: pos + _HEADER.size + n])
             except (ValueError, RecursionError) as exc:
                 raise FrameError(f"frame is not a JSON message: {type(exc).__name__}") from None
-            if shape is not None and not (isinstance(message, list) and len(message) == len(shape) and all(
-                    isinstance(v, t) and not (t is int and isinstance(v, bool)) for v, t in zip(message, shape, strict=True))):
+            if shape is not None and not _has_shape(message, shape):
                 raise FrameError(f"message is not [{', '.join(t.__name__ for t in shape)}]")
             out.append(message)
             pos += _HEADER.size + n
     finally:
         del buffer[:pos]
     return out
+
+
+def _has_shape(message: Any, shape: tuple[type, ...]) -> bool:
+    if type(message) is not list or len(message) != len(shape):
+        return False
+    for value, kind in zip(message, shape, strict=True):
+        if not isinstance(value, kind) or (kind is int and type(value) is bool):
+            return False
+    return True
 
 
 REPLY = (int, bool, object)  # (request id, ok, result): what a worker sends
@@ -71,12 +84,11 @@ REQUEST = (int, str, dict)  # (request id, op, payload): what the pool sends
 class Progress:
     """Which request a worker runs now, and since when: 16 bytes of memory shared by the pool and the worker.
 
-    A worker sends the replies of one batch of requests together (`awm.runtime.worker.ReplyBuffer`), so the
-    order of replies no longer tells the pool which request is running; this record does, with no system
-    call on either side. The worker writes `(request id, CLOCK_MONOTONIC ns)` before each request; the pool
-    reads it to time the running request and, when the worker dies or overruns, to blame that one request.
-    A read torn between the two fields can only pair a new id with an older start, and the pool never times a
-    request from before it was submitted.
+    A HINT only: generated code runs in the worker's process and can write this memory. The pool's hard
+    deadlines and the blame for a load come from what only the pool knows (when it sent each request and
+    when each reply arrived, in the order the worker serves them: `awm.runtime.pool`); this record can at
+    most make the pool kill a worker earlier, and name which of a batch's calls was running when it died.
+    The worker writes `(request id, CLOCK_MONOTONIC ns)` before each request (no system call on either side).
     """
 
     RECORD = struct.Struct("<QQ")

@@ -11,7 +11,9 @@ that awaits each app call directly: handlers of AWM code are blocking SQLAlchemy
 concurrency inside one process would buy nothing and would let episodes interleave on shared
 module state. The parent's transport buffers what we have not read yet, so it never blocks.
 The replies of the requests read in one go leave in one write (`ReplyBuffer`); a shared
-`wire.Progress` record tells the pool which request runs now.
+`wire.Progress` record hints to the pool which request runs now (a hint: env code can write it, so the
+pool's deadlines and a load's blame never depend on it). Timer signals are ignored, and every import
+starts with no timer armed (`clean_timers`). Memory is capped per worker (`limit_memory`).
 
 Invariant: the worker that owns an episode's connection is the only writer of that
 episode's DB file; reset, snapshot and restore go through it (SQLite backup API).
@@ -25,6 +27,7 @@ import logging
 import os
 import resource
 import shutil
+import signal
 import socket
 import sqlite3
 import sys
@@ -38,9 +41,47 @@ from awm.lockdown import Lockdown
 from awm.runtime import wire
 from awm.runtime.deadline import CallDeadline
 from awm.runtime.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env, unload_env
-from awm.runtime.isolation import cancel_new_tasks, route_sqlite_connect
+from awm.runtime.isolation import ProcessGuard, cancel_new_tasks, route_sqlite_connect
 
 log = logging.getLogger("awm.runtime.worker")
+_TIMER_SIGNALS = (signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF)
+_ITIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+
+
+def ignore_timer_signals() -> None:
+    """The worker's own state, set before any env code runs: a timer a scenario arms (`alarm`, `setitimer`)
+    and leaves armed must not kill the worker, and with it every episode it hosts, when it fires later."""
+    for sig in _TIMER_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def clean_timers(handlers: dict[int, Any], mask: set[int]) -> None:
+    """Start an import from a clean timer and signal state: disarm every interval timer (and `alarm`),
+    drop a timer signal already pending, and put back signal handlers and the signal mask as the worker
+    had them (`handlers`, `mask`). A timer armed by one scenario then never fires in another's import,
+    where the crash or exception would be counted against the innocent one. POSIX timers cannot be
+    armed at all (seccomp refuses timer_create: `awm.lockdown`). Main thread only; a few system calls."""
+    for which in _ITIMERS:
+        signal.setitimer(which, 0)
+    for sig in _TIMER_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # setting SIG_IGN discards a pending instance (POSIX)
+    for sig, handler in handlers.items():
+        if signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _own_signal_state() -> tuple[dict[int, Any], set[int]]:
+    """The handlers and mask the worker runs with (after `ignore_timer_signals`), to put back before imports."""
+    handlers = {}
+    for sig in signal.valid_signals():
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        if handler is not None and sig not in (signal.SIGKILL, signal.SIGSTOP):
+            handlers[sig] = handler
+    return handlers, signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 class Worker:
@@ -57,6 +98,9 @@ class Worker:
         self.database_path = os.path.join(self.scratch, "current-episode.db")
         route_sqlite_connect(self.database_path, self.router.path)
         self.protections: dict[str, Any] = {}
+        # scenarios cannot reach each other through the process: checked after every request (isolation.py)
+        self.guard = ProcessGuard({"DATABASE_PATH": f"sqlite:///{self.database_path}"})
+        self.signal_state = _own_signal_state()
         self.deadline = CallDeadline()
         self.direct_dispatch = direct_dispatch
 
@@ -78,6 +122,7 @@ class Worker:
         """A fresh module instance; its import-time DB work goes to a throwaway copy of the template."""
         scratch = os.path.join(self.scratch, f"{scenario}.db")
         shutil.copyfile(template, scratch)
+        clean_timers(*self.signal_state)
         try:
             return load_env(scenario, code, self.router, scratch, tools, self.database_path, self.direct_dispatch)
         finally:
@@ -157,20 +202,58 @@ class Worker:
         if fn is None:
             return False, {"type": "ValueError", "message": f"unknown op {op!r}"}
         try:
-            result = fn(payload)
-            return True, (await result if asyncio.iscoroutine(result) else result)
+            scenario = payload.get("scenario") or self.episodes.get(payload.get("episode"), (None,))[0]
+            with self.guard.watch(op, scenario):  # what the request changed of the process is undone after it
+                result = fn(payload)
+                result = await result if asyncio.iscoroutine(result) else result
+            return True, result
         except Exception as exc:
             return False, {"type": type(exc).__name__, "message": str(exc),
                            "traceback": "".join(traceback.format_exc(limit=-4))}
 
 
+def unsendable(op: str, ok: bool, why: str) -> tuple[bool, dict[str, Any]]:
+    """The reply to send instead of one that cannot be sent (`why`): for a tool call, an error observation
+    (the model asked for more than `wire.MAX_FRAME` bytes, or the tool returned what JSON cannot carry);
+    for any other request, an error."""
+    if op == "call" and ok:
+        text = (f"The tool's result could not be returned: {why}. Tool results are capped at "
+                f"{wire.MAX_FRAME >> 20} MiB: ask for less (filter, or page through the results).")
+        return True, {"text": text, "is_error": True, "kind": "http_error", "status": 500, "latency_s": 0.0,
+                      "detail": why, "extra": {"result_too_large": "frame limit" in why}}
+    return False, {"type": "ValueError", "message": why}
+
+
+def limit_memory(data_limit: int | None) -> dict[str, Any]:
+    """Before env code runs: cap this process's data (heap and private mappings) at `data_limit` bytes, so a
+    runaway allocation fails in its call with MemoryError, and make the worker the OOM killer's first
+    choice (oom_score_adj 1000; raising it needs no privilege), never the trainer."""
+    out: dict[str, Any] = {"data_limit": None, "oom_score_adj": None}
+    if data_limit:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        limit = data_limit if hard == resource.RLIM_INFINITY else min(data_limit, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+            out["data_limit"] = limit
+        except (ValueError, OSError):
+            pass
+    try:
+        with open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write("1000")
+        out["oom_score_adj"] = 1000
+    except OSError:
+        pass
+    return out
+
+
 def lock_down(config: dict[str, Any]) -> dict[str, Any]:
     """Apply the sandbox to this process (it is single-threaded here, so every later thread inherits it)."""
+    memory = limit_memory(config.get("data_limit"))
     if not config.get("lockdown", True):
-        return {"lockdown": False}
+        return {"lockdown": False, **memory}
     lockdown = Lockdown(tuple(config.get("read", ())), (config["dir"],), threads=True)
     lockdown.apply(None)
-    return {"lockdown": True, **lockdown.describe()}
+    return {"lockdown": True, **lockdown.describe(), **memory}
 
 
 class ReplyBuffer:
@@ -182,7 +265,7 @@ class ReplyBuffer:
     looks every `hold_s` and sends whatever has waited that long, so a reply leaves within 2 * `hold_s`
     even while a slow request runs. Only a request that holds the GIL in C code can delay the replies
     before it until it ends or its worker is killed; then those replies are lost with the worker, whose
-    episodes all fail anyway, and the pool still blames the right request (`wire.Progress`).
+    episodes all fail anyway, and the pool's hint names the request that ran (`wire.Progress`).
 
     The thread ticks on its own clock and is never woken per batch: waking it is a GIL hand-over that
     cost the serving thread 60-130 us each time (measured), more than a whole batch's replies save. It
@@ -253,6 +336,7 @@ async def serve(sock: socket.socket, config: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()  # the event loop's own sockets exist now
     sock.setblocking(False)
     progress = wire.Progress(config["progress_fd"]) if "progress_fd" in config else None
+    ignore_timer_signals()
     protections = lock_down(config)
     worker, buffer = Worker(config.get("dir"), config.get("direct_dispatch", True)), bytearray()
     worker.protections = protections
@@ -266,8 +350,8 @@ async def serve(sock: socket.socket, config: dict[str, Any]) -> None:
                 ok, result = await worker.handle(op, payload)
                 try:
                     frame = wire.encode((req_id, ok, result))
-                except ValueError as exc:  # e.g. bytes in an observation: the call fails, the worker lives
-                    frame = wire.encode((req_id, False, {"type": "ValueError", "message": str(exc)}))
+                except ValueError as exc:  # over the cap, or not JSON: the call fails, the worker lives
+                    frame = wire.encode((req_id, *unsendable(op, ok, str(exc))))
                 replies.add(frame)
             if out := replies.take():
                 await loop.sock_sendall(sock, out)

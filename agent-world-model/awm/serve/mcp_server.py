@@ -17,16 +17,21 @@ Beside MCP, a JSON control plane the agent never sees lets a remote rollout fini
     POST /episodes/{session_id}/restore   {"snapshot": id}
     GET  /episodes/{session_id}/state     -> {"state_hash", "changes", "steps", "scenario", "task_idx"}
     GET  /health                          -> {"status": "ok", "scenarios": [...], "open_episodes": n}
+    GET  /limits                          -> {"limits": {...}, what they closed or replaced, by kind}
 
 The session id is the `mcp-session-id` header of the initialize reply; mcp 2.3's client does not
 expose it, so read it with an httpx2 response hook (as tests/awm/test_mcp_server.py does).
 
 Command line: `python -m awm.serve.mcp_server --scenario S [--data-dir D] [--host H] [--port P]
-[--max-sessions N] [--session-idle-timeout S]`.
+[limits]`, the limits being those of awm.serve.limits (`--help` lists them).
 
 Exposure: bound to a non-loopback address, every request must carry `Authorization: Bearer
-<token>`; the token is $AWM_MCP_TOKEN, or a fresh one printed at start. Open sessions are capped
-(`--max-sessions`, 503 past it) and expire after `--session-idle-timeout` seconds without a request.
+<token>`; the token is $AWM_MCP_TOKEN, or a fresh one printed at start. What a client can hold is
+bounded (awm.serve.limits has the values and why): open sessions are capped (`--max-sessions`, 503
+past it), expire after `--session-idle-timeout` seconds without a request, and `--unused-session-timeout`
+seconds after their initialize if they made no tools/call nor control-plane request by then; a tool
+result over `--max-result-bytes` becomes an error observation naming the cap (the session goes on);
+a request head or body sent too slowly gets 408 and its connection is closed (awm.serve.corked_http).
 Episode dirs (`awm-episodes-*`) left by servers that were killed are removed at start.
 """
 
@@ -35,8 +40,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import itertools
+import json
 import logging
 import os
 import secrets
@@ -60,13 +67,14 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from awm.data import normalize_scenario_name
 from awm.episode import EnvRuntime, Episode, Snapshot, remove_stale_episode_dirs
 from awm.runtime.pool import InfraError
-from awm.serve.corked_http import CorkedHttpProtocol
+from awm.serve.corked_http import guarded_protocol
 from awm.serve.limits import (
+    KEEP_ALIVE_TIMEOUT_S,
     MAX_SESSIONS,
     SESSION_IDLE_TIMEOUT_S,
     TOKEN_ENV,
@@ -80,6 +88,7 @@ log = logging.getLogger(__name__)
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 LOOPBACK_HOST_HEADERS = ["127.0.0.1", "localhost", "[::1]"]  # the Host header values naming them
 SHUTDOWN_GRACE_S = 3.0  # uvicorn waits this long for open requests before cancelling them
+CONTROL_BODY_LIMIT = 1 << 20  # bytes of a control-plane request body (a final answer is far smaller)
 _TARGET = "awm.target"  # ASGI scope key: the validated (scenario, task_idx) of an MCP request
 
 
@@ -105,6 +114,7 @@ class _Session:
     episode: Episode | None = None
     failure: str | None = None  # set after an infrastructure error: the episode is gone for good
     ended: bool = False
+    used: bool = False  # made a tools/call or control-plane request: exempt from the unused-session expiry
     snapshots: dict[str, Snapshot] = field(default_factory=dict)
     snapshot_ids: Iterator[int] = field(default_factory=itertools.count)
 
@@ -228,19 +238,35 @@ class _McpEndpoint:
         except _HttpError as exc:
             await _rpc_error(exc.status, types.INVALID_REQUEST, str(exc))(scope, receive, send)
             return
+        if MCP_SESSION_ID_HEADER not in request.headers:  # may open a session (initialize): note when it does
+            send = self._watch_for_new_session(send)
         await self.service.manager.handle_request(scope, receive, send)
+
+    def _watch_for_new_session(self, send: Send) -> Send:
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                for name, value in message.get("headers", ()):
+                    if name == b"mcp-session-id":
+                        self.service.session_opened(value.decode("latin-1"))
+            await send(message)
+        return watched
 
 
 class _EpisodeService:
     """Everything behind the app: scenario routing, MCP handlers and the control plane."""
 
     def __init__(self, runtime: EnvRuntime, scenarios: list[str] | None, default_scenario: str | None,
-                 session_idle_timeout_s: float | None, max_sessions: int | None) -> None:
+                 session_idle_timeout_s: float | None, max_sessions: int | None,
+                 limits: ServerLimits = ServerLimits()) -> None:
         self.runtime = runtime
+        self.limits = limits
+        self.unused_expired = 0  # sessions closed for making no tools/call in time (counts go out in /limits)
+        self.results_capped = 0  # tool results replaced by the over-the-cap error
         self.scenarios, self.default = _resolve_scenarios(runtime, scenarios, default_scenario)
         self._allowed = set(self.scenarios)
         self.episodes = _SessionEpisodes(runtime)
         self._listings: dict[str, types.ListToolsResult] = {}
+        self._terminating: set[asyncio.Future[None]] = set()
         self.server: Server[Any] = Server("awm", on_list_tools=self._list_tools, on_call_tool=self._call_tool)
         # The SDK wraps every request in an OpenTelemetry span by default; nothing here configures a
         # tracer, so the spans went nowhere and cost ~8% of the main process per tools/call (py-spy).
@@ -248,6 +274,34 @@ class _EpisodeService:
         self.manager = StreamableHTTPSessionManager(self.server, json_response=True,
                                                     session_idle_timeout=session_idle_timeout_s,
                                                     max_sessions=max_sessions)
+        # The unused-session expiry ends sessions the SDK holds; mcp 2.3 keeps them in this private dict
+        # (no public accessor), so check it here, where an SDK change fails loudly at start.
+        if not isinstance(getattr(self.manager, "_server_instances", None), dict):
+            raise RuntimeError("this mcp SDK does not keep its sessions as mcp 2.3 does: install mcp==2.3.* or "
+                               "adapt awm.serve.mcp_server._EpisodeService._expire_if_unused")
+
+    # ---- unused sessions -------------------------------------------------------------------
+    def session_opened(self, session_id: str) -> None:
+        """A new MCP session: unless it is used in time, close it `unused_session_timeout_s` from now."""
+        asyncio.get_running_loop().call_later(self.limits.unused_session_timeout_s, self._expire_if_unused,
+                                              session_id)
+
+    def _expire_if_unused(self, session_id: str) -> None:
+        session = self.episodes.get(session_id)
+        if session is not None and session.used:
+            return
+        transport = self.manager._server_instances.get(session_id)
+        if transport is None or transport.is_terminated:
+            return  # ended already
+        log.info("MCP session %s made no tools/call within %g s of its initialize: closing it", session_id,
+                 self.limits.unused_session_timeout_s)
+        self.unused_expired += 1
+        if transport.idle_scope is not None:
+            transport.idle_scope.cancel()  # the SDK's own idle expiry: ends the session, its episode with it
+        else:  # no idle timeout configured: no idle scope to end the session by
+            task = asyncio.ensure_future(transport.terminate())
+            self._terminating.add(task)
+            task.add_done_callback(self._terminating.discard)
 
     # ---- routing ---------------------------------------------------------------------------
     def target(self, request: Request) -> _Target:
@@ -300,21 +354,40 @@ class _EpisodeService:
             raise MCPError(types.INTERNAL_ERROR, f"Infrastructure error: {exc}") from None
         listing = self._listings.get(episode.scenario)
         if listing is None:  # the same for every episode of a scenario: build the models once
-            listing = self._listings[episode.scenario] = types.ListToolsResult(tools=[
+            listing = types.ListToolsResult(tools=[
                 types.Tool(name=t["name"], description=t["description"], input_schema=t["inputSchema"])
                 for t in episode.tools])
+            # Generated code writes the descriptions and schemas: the result cap holds for them too.
+            size, cap = len(listing.model_dump_json(by_alias=True, exclude_none=True)), self.limits.max_result_bytes
+            if size > cap:
+                raise MCPError(types.INTERNAL_ERROR, f"the tool list of scenario {episode.scenario!r} is {size} "
+                                                     f"bytes, over this server's cap of {cap} bytes per result "
+                                                     "(--max-result-bytes): the scenario cannot be served")
+            self._listings[episode.scenario] = listing
         return listing
 
     async def _call_tool(self, ctx: ServerRequestContext[Any, Any],
                          params: types.CallToolRequestParams) -> types.CallToolResult:
         session = self._session(ctx)
+        session.used = True
         try:
             episode = await self.episodes.episode(session)
             obs = await episode.call(params.name, params.arguments)
         except InfraError as exc:
             await self.episodes.fail(session, str(exc))
             return _tool_result(f"Infrastructure error: {exc}", is_error=True, kind="infra_error")
-        return _tool_result(obs.text, obs.is_error, obs.kind, obs.status)
+        text, cap = obs.text, self.limits.max_result_bytes
+        if len(text) * 4 > cap:  # a UTF-8 character is at most 4 bytes: only then can the text be over the cap
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > cap:
+                self.results_capped += 1
+                log.warning("MCP session %s: the result of %s is %d bytes, over the %d-byte cap: replaced by an "
+                            "error", session.session_id, params.name, size, cap)
+                return _tool_result(f"Error: the result of tool {params.name!r} is {size} bytes, over this "
+                                    f"server's cap of {cap} bytes per tool result (--max-result-bytes); the call "
+                                    "did run. Ask for less: filter or page what the tool returns.",
+                                    is_error=True, kind="result_too_large", status=obs.status)
+        return _tool_result(text, obs.is_error, obs.kind, obs.status)
 
     # ---- control plane ---------------------------------------------------------------------
     def _lookup(self, request: Request) -> tuple[_Session, Episode]:
@@ -333,6 +406,7 @@ class _EpisodeService:
         """Run one control-plane action and turn its failures into JSON errors that say what to do."""
         try:
             session, episode = self._lookup(request)
+            session.used = True
             body = await _json_body(request)
             try:
                 return JSONResponse(await action(session, episode, body))
@@ -411,6 +485,12 @@ class _EpisodeService:
         return JSONResponse({"status": "ok", "scenarios": self.scenarios,
                              "open_episodes": self.episodes.open_count()})
 
+    async def limit_counts(self, request: Request) -> JSONResponse:
+        guard = getattr(request.app.state, "read_guard", None)  # set by `serve` (absent under another server)
+        return JSONResponse({"limits": dataclasses.asdict(self.limits),
+                             "unused_sessions_closed": self.unused_expired, "results_capped": self.results_capped,
+                             "connections_closed": dict(guard.dropped) if guard else {}})
+
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         """Run the SDK's session manager; leaving it ends every session, and so closes every episode."""
@@ -447,14 +527,27 @@ def _preview(names: list[str], limit: int = 8) -> str:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
+    """A control-plane request's JSON object body, read up to CONTROL_BODY_LIMIT bytes (the MCP path has
+    the SDK's own 4 MiB cap; this one had none)."""
     if request.method != "POST":
         return {}
-    raw = await request.body()
+    declared = request.headers.get("content-length", "")
+    too_large = _HttpError(413, f"the request body is over {CONTROL_BODY_LIMIT} bytes: control-plane requests "
+                                "carry a small JSON object")
+    if declared.isdigit() and int(declared) > CONTROL_BODY_LIMIT:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > CONTROL_BODY_LIMIT:
+            raise too_large
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     if not raw.strip():
         return {}
     try:
-        body = await request.json()
-    except ValueError:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         raise _HttpError(400, "the request body must be a JSON object") from None
     if not isinstance(body, dict):
         raise _HttpError(400, "the request body must be a JSON object")
@@ -481,15 +574,17 @@ class _RequireToken:
 def build_app(runtime: EnvRuntime, scenarios: list[str] | None = None, default_scenario: str | None = None, *,
               allowed_hosts: list[str] | None = None,
               session_idle_timeout_s: float | None = SESSION_IDLE_TIMEOUT_S,
-              max_sessions: int | None = MAX_SESSIONS, token: str | None = None) -> Starlette:
+              max_sessions: int | None = MAX_SESSIONS, token: str | None = None,
+              limits: ServerLimits = ServerLimits()) -> Starlette:
     """The ASGI app: MCP at `/mcp` and `/mcp/{scenario}`, the control plane under `/episodes`, `/health`.
 
     `scenarios=None` serves every runnable scenario of the runtime's data. Run the app in the
     event loop that uses `runtime`. `allowed_hosts` guards against DNS rebinding (the SDK's
     default for a loopback server); leave it None when clients reach the server by other names.
-    `token`: require it as a bearer token on every request.
+    `token`: require it as a bearer token on every request. `limits`: the unused-session expiry and the
+    result cap (the connection limits are the protocol's: see `serve`).
     """
-    service = _EpisodeService(runtime, scenarios, default_scenario, session_idle_timeout_s, max_sessions)
+    service = _EpisodeService(runtime, scenarios, default_scenario, session_idle_timeout_s, max_sessions, limits)
     mcp = _McpEndpoint(service)
     routes = [
         Route("/mcp", mcp),
@@ -500,6 +595,7 @@ def build_app(runtime: EnvRuntime, scenarios: list[str] | None = None, default_s
         Route("/episodes/{session_id}/restore", service.restore, methods=["POST"]),
         Route("/episodes/{session_id}/state", service.state, methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
+        Route("/limits", service.limit_counts, methods=["GET"]),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
     if token:
@@ -523,14 +619,21 @@ async def serve(runtime: EnvRuntime, scenario: str, *, host: str = "127.0.0.1", 
                 scenarios: list[str] | None = None, stop: asyncio.Event | None = None,
                 ready: Callable[[str, str], None] = _announce, token: str | None = None,
                 max_sessions: int | None = MAX_SESSIONS,
-                session_idle_timeout_s: float | None = SESSION_IDLE_TIMEOUT_S) -> None:
+                session_idle_timeout_s: float | None = SESSION_IDLE_TIMEOUT_S,
+                limits: ServerLimits | None = None) -> None:
     """Serve `runtime` until `stop` is set; every episode is closed on the way out, the runtime is not.
 
     The default scenario is loaded before the port opens, so a bad name fails before anything
     listens and the first session does not pay for the load. Once listening, `ready(scenario, url)`
     gets the actual URL (port 0 picks a free port); by default it prints the one line
     `AWM MCP server for <scenario> at http://HOST:PORT/mcp`. A non-loopback `host` needs a `token`.
+    `limits` (the CLI's flags) replaces `max_sessions` and `session_idle_timeout_s` and sets every other
+    limit; without it those two are used (None: no cap, no idle expiry) and the rest take their defaults.
     """
+    if limits is None:
+        limits = ServerLimits()
+    else:
+        max_sessions, session_idle_timeout_s = limits.max_sessions, limits.session_idle_timeout_s
     loopback = host in LOOPBACK_HOSTS
     if not loopback and not token:
         raise ValueError(f"serving on {host!r} reaches other machines: pass token= (the CLI reads ${TOKEN_ENV} "
@@ -540,11 +643,18 @@ async def serve(runtime: EnvRuntime, scenario: str, *, host: str = "127.0.0.1", 
     if not await _until_stopped(runtime.tools(scenario), stop):
         return
     app = build_app(runtime, scenarios, scenario, allowed_hosts=LOOPBACK_HOST_HEADERS if loopback else None,
-                    session_idle_timeout_s=session_idle_timeout_s, max_sessions=max_sessions, token=token)
-    # One send() per reply (awm.serve.corked_http); no proxy headers: nothing here reads client addresses.
-    server = _Uvicorn(uvicorn.Config(app, host=host, port=port, loop="asyncio", http=CorkedHttpProtocol,
+                    session_idle_timeout_s=session_idle_timeout_s, max_sessions=max_sessions, token=token,
+                    limits=limits)
+    # One send() per reply and head/body deadlines (awm.serve.corked_http); uvicorn's own knobs for the
+    # rest: idle keep-alive connections, and the head size under its h11 parser. No proxy headers:
+    # nothing here reads client addresses; no WebSocket upgrades: nothing here serves one.
+    server = _Uvicorn(uvicorn.Config(app, host=host, port=port, loop="asyncio", http=guarded_protocol(limits),
+                                     ws="none",
                                      proxy_headers=False, log_level="warning", access_log=False, lifespan="on",
-                                     timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+                                     timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                                     timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
+                                     h11_max_incomplete_event_size=limits.max_head_bytes))
+    app.state.read_guard = server.config.http.guard  # its counters go out in /limits
     serving = asyncio.ensure_future(server.serve())
     try:
         while not (server.started or serving.done() or stop.is_set()):
@@ -595,7 +705,7 @@ def run_server(data_dir: str | None, scenario: str, host: str, port: int, num_wo
         runtime = EnvRuntime(data_dir, num_workers=num_workers)
         try:
             await serve(runtime, scenario, host=host, port=port, scenarios=scenarios, stop=stop, token=token,
-                        max_sessions=limits.max_sessions, session_idle_timeout_s=limits.session_idle_timeout_s)
+                        limits=limits)
         finally:
             runtime.close()
 
