@@ -32,11 +32,10 @@ import sqlite3
 import stat
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-from awm.database import table_change
+from awm.database import open_readonly, row_columns, table_change
 from awm.serve.limits import TOKEN_ENV
 from awm.verifier import Verdict
 
@@ -153,13 +152,11 @@ def db_version(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
 def _table_rows(conn: sqlite3.Connection, table: str, hashed: Any = None) -> tuple[list[str], dict[tuple, tuple]]:
     """awm.database._keyed_rows(conn, table) (the same query), read in awm.database.state_hash's row order;
     with `hashed` (a sha256) each row is also fed to it as state_hash does, so one read serves both."""
-    info = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
-    cols = [c[1] for c in info]
-    pk = [c[1] for c in sorted(info, key=lambda c: c[5]) if c[5] > 0]
-    key_sql = ", ".join(f'"{c}"' for c in pk) if pk else "rowid"
+    cols, pk = row_columns(conn, table)  # stored columns only: a VIRTUAL one would be computed here, at any cost
+    key_sql = ", ".join(map(_q, pk)) if pk else "rowid"
     width = len(pk) or 1
-    order = ", ".join(str(width + i + 1) for i in range(len(info)))
-    rows = conn.execute(f'SELECT {key_sql}, * FROM "{table}" ORDER BY {order}').fetchall()
+    order = ", ".join(str(width + i + 1) for i in range(len(cols)))
+    rows = conn.execute(f'SELECT {key_sql}, {", ".join(map(_q, cols))} FROM {_q(table)} ORDER BY {order}').fetchall()
     keyed = {tuple(r[:width]): tuple(r[width:]) for r in rows}
     if hashed is not None:
         encode = _ROW_JSON.encode
@@ -167,22 +164,20 @@ def _table_rows(conn: sqlite3.Connection, table: str, hashed: Any = None) -> tup
     return cols, keyed
 
 
-def _connect_ro(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
+def _q(name: str) -> str:
+    """A quoted SQL identifier (env code names the tables and columns; a name may hold '"')."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _read_db(path: str | os.PathLike[str]) -> tuple[str, dict[str, tuple[list[str], dict[tuple, tuple]]]]:
     """(awm.database.state_hash(path), {table: awm.database._keyed_rows(...)}) from one read of the file."""
     h = hashlib.sha256()
     tables: dict[str, tuple[list[str], dict[tuple, tuple]]] = {}
-    conn = _connect_ro(path)
-    try:
+    with open_readonly(path) as conn:  # bounded: value size, wall-clock budget, no ATTACH
         for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table' "
                                       "AND name NOT LIKE 'sqlite_%' ORDER BY name").fetchall():
             h.update(f"T:{name}:{sql}\n".encode())
             tables[name] = _table_rows(conn, name, h)
-    finally:
-        conn.close()
     return h.hexdigest(), tables
 
 

@@ -17,7 +17,14 @@ Trust: the SQL text of the data files (gen_db DDL, gen_sample INSERTs) and the D
 (its code's `create_all`) run in the trainer, so every connection that runs them has a `SqlGuard`:
 a SQLite authorizer that lets through only what a schema and sample build needs and refuses ATTACH,
 VACUUM, PRAGMAs, transaction control, extensions and anything outside the main database. A refused
-statement is a failed statement of the BuildReport, with the reason.
+statement is a failed statement of the BuildReport, with the reason. Cost is bounded too: each statement
+of such text has a wall-clock limit (STATEMENT_BUDGET_S, by a progress handler) and a build has a total one
+(BUILD_BUDGET_S), and no value may exceed MAX_VALUE_BYTES (SQLITE_LIMIT_LENGTH): an endless recursive CTE
+or an index on `zeroblob(10**9)` is a failed statement naming the limit, not a stalled trainer.
+
+Reading an episode DB (env code wrote it) goes through `open_readonly`: the same value-size limit, no
+ATTACH, a wall-clock budget per read (READ_BUDGET_S), and only stored columns are read (a VIRTUAL
+generated column is computed on every read: `AS (zeroblob(200000000))` costs nothing on disk).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import re
 import shutil
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -44,6 +52,13 @@ BUILDER_VERSION = 2  # 2: built under SqlGuard; env DDL goes to its own complete
 _DATE_FUNCS = {"date": 0, "time": 0, "datetime": 0, "julianday": 0, "unixepoch": 0, "strftime": 1}
 _CURRENT_RE = re.compile(r"\bCURRENT_(TIMESTAMP|DATE|TIME)\b", re.IGNORECASE)
 _CURRENT_SUB = {"TIMESTAMP": "(datetime('now'))", "DATE": "(date('now'))", "TIME": "(time('now'))"}
+
+
+MAX_VALUE_BYTES = 16 << 20  # SQLITE_LIMIT_LENGTH (value or row) on connections that run or read env/data SQL
+STATEMENT_BUDGET_S = 10.0  # wall-clock limit of one statement of data or env SQL text in a build
+BUILD_BUDGET_S = 120.0  # wall-clock limit of all the data or env SQL text of one build
+READ_BUDGET_S = 10.0  # wall-clock limit of one trainer-side read of an episode DB (state hash, diff)
+_PROGRESS_STEPS = 10_000  # SQLite VM steps between two looks at the clock (a look costs ~0.1 us)
 
 
 class DatabaseBuildError(RuntimeError):
@@ -136,6 +151,10 @@ class SqlRefused(sqlite3.DatabaseError):
     """A statement the SqlGuard refused (its message says what and why)."""
 
 
+class SqlTimeout(sqlite3.OperationalError):
+    """A statement of SQL text the trainer did not write ran past its wall-clock limit (the message says which)."""
+
+
 class SqlGuard:
     """A SQLite authorizer for a connection that runs SQL text the trainer did not write.
 
@@ -152,11 +171,43 @@ class SqlGuard:
     unchecked later.
     """
 
-    def __init__(self, conn: sqlite3.Connection, *, ddl_only: bool = False) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, ddl_only: bool = False, build_deadline: float | None = None,
+                 statement_budget_s: float | None = None) -> None:
         self.conn, self.ddl_only = conn, ddl_only
         self.refusal: str | None = None
+        # time.monotonic() past which no statement of the text may run (shared by the guards of one build)
+        self.build_deadline = time.monotonic() + BUILD_BUDGET_S if build_deadline is None else build_deadline
+        self.statement_budget_s = STATEMENT_BUDGET_S if statement_budget_s is None else statement_budget_s
+        self._deadline = float("inf")  # of the statement running now; inf for the build's own statements
+        self._limit = ""
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)  # a second lock on ATTACH (and so on VACUUM INTO)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         conn.set_authorizer(self._authorize)
+        conn.set_progress_handler(self._past_deadline, _PROGRESS_STEPS)
+
+    def _past_deadline(self) -> bool:
+        return time.monotonic() > self._deadline
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        """Run one statement of the text under its wall-clock limit (and the build's); past it SQLite
+        interrupts the statement and `SqlTimeout` names the limit."""
+        now = time.monotonic()
+        if now >= self.build_deadline:
+            raise SqlTimeout("not run: the build's SQL text has used its wall-clock budget (BUILD_BUDGET_S)")
+        statement_end = now + self.statement_budget_s
+        self._deadline = min(statement_end, self.build_deadline)
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if str(exc) != "interrupted" or time.monotonic() <= self._deadline:
+                raise
+            limit = (f"{self.statement_budget_s:g} s a statement (STATEMENT_BUDGET_S)"
+                     if statement_end <= self.build_deadline else "the build's total (BUILD_BUDGET_S)")
+            raise SqlTimeout(f"interrupted by the trainer's SQL guard: ran past its wall-clock limit of {limit}") \
+                from None
+        finally:
+            self._deadline = float("inf")
 
     @contextmanager
     def trusted(self) -> Iterator[None]:
@@ -209,6 +260,8 @@ class SqlGuard:
                     raise
                 for stmt in _split_statements(sql):
                     self._one(stmt)
+        except SqlTimeout:
+            raise
         except sqlite3.Error as exc:
             if self.refusal is not None:
                 raise SqlRefused(f"refused by the trainer's SQL guard: {self.refusal}") from None
@@ -220,7 +273,8 @@ class SqlGuard:
         if _VACUUM.match(stmt, _LEADING.match(stmt).end()):
             self.refusal = "VACUUM (it attaches a database: VACUUM INTO writes a file)"
             raise SqlRefused(self.refusal)
-        self.conn.execute(stmt)
+        with self.timed():
+            self.conn.execute(stmt)
 
 
 def _split_statements(sql: str) -> list[str]:
@@ -292,8 +346,10 @@ def _run(guard: SqlGuard, kind: str, sql: str, report: BuildReport) -> bool:
         return True
     except sqlite3.Error as exc:
         report.failed.append((kind, sql, str(exc)))
+        why = ("SQLite rolls back the transaction of an interrupted write" if isinstance(exc, SqlTimeout)
+               else "ON CONFLICT ROLLBACK?")
     if not guard.conn.in_transaction:  # `INSERT OR ROLLBACK` (or an I/O error) ended the build's transaction
-        report.failed.append((kind, sql, "this statement ended the build's transaction (ON CONFLICT ROLLBACK?); "
+        report.failed.append((kind, sql, f"this statement ended the build's transaction ({why}); "
                                          "the statements before it in that transaction were rolled back"))
         with guard.trusted():
             guard.conn.execute("BEGIN")
@@ -341,18 +397,52 @@ def state_hash(path: str | os.PathLike[str]) -> str:
     VACUUM, a restore, or a different insert order), which is what trace auditing needs.
     """
     h = hashlib.sha256()
-    conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
-    try:
+    with open_readonly(path) as conn:
         tables = conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table' "
                               "AND name NOT LIKE 'sqlite_%' ORDER BY name").fetchall()
         for name, sql in tables:
             h.update(f"T:{name}:{sql}\n".encode())
-            order = ", ".join(str(i + 1) for i in range(_ncols(conn, name)))
-            for row in conn.execute(f'SELECT * FROM {_q(name)} ORDER BY {order}'):
+            cols = row_columns(conn, name)[0]
+            order = ", ".join(str(i + 1) for i in range(len(cols)))
+            for row in conn.execute(f'SELECT {", ".join(map(_q, cols))} FROM {_q(name)} ORDER BY {order}'):
                 h.update(json.dumps(row, default=repr).encode())
+    return h.hexdigest()
+
+
+class ReadBudgetExceeded(sqlite3.OperationalError):
+    """A trainer-side read of an episode DB ran past READ_BUDGET_S (env code made its rows costly to read)."""
+
+
+@contextmanager
+def open_readonly(path: str | os.PathLike[str], budget_s: float | None = None) -> Iterator[sqlite3.Connection]:
+    """A read-only connection on a DB that env code wrote, closed on exit: no value over MAX_VALUE_BYTES
+    ("string or blob too big"), no ATTACH, and past `budget_s` of wall-clock time its statement is
+    interrupted (`ReadBudgetExceeded`). Every trainer-side read of an episode DB uses one."""
+    budget_s = READ_BUDGET_S if budget_s is None else budget_s
+    conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
+    try:
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        deadline = time.monotonic() + budget_s
+        conn.set_progress_handler(lambda: time.monotonic() > deadline, _PROGRESS_STEPS)
+        try:
+            yield conn
+        except sqlite3.OperationalError as exc:
+            if str(exc) == "interrupted" and time.monotonic() > deadline:
+                raise ReadBudgetExceeded(f"reading {path} ran past its {budget_s:g} s wall-clock budget "
+                                         "(READ_BUDGET_S): its rows are too costly to read") from None
+            raise
     finally:
         conn.close()
-    return h.hexdigest()
+
+
+def row_columns(conn: sqlite3.Connection, table: str) -> tuple[list[str], list[str]]:
+    """(columns, primary key columns) of a state read, from one PRAGMA. The columns are in `SELECT *` order,
+    all but VIRTUAL generated ones (computed on each read, at a cost env code chooses; what they derive from
+    is read) and hidden ones of virtual tables: for a table without generated columns, `SELECT *`'s, so its
+    rows read (and hash) as before."""
+    info = conn.execute(f"PRAGMA table_xinfo({_q(table)})").fetchall()
+    return [c[1] for c in info if c[6] in (0, 3)], [c[1] for c in sorted(info, key=lambda c: c[5]) if c[5] > 0]
 
 
 def _q(name: str) -> str:
@@ -367,11 +457,9 @@ def _tables(conn: sqlite3.Connection) -> list[str]:
 
 def _keyed_rows(conn: sqlite3.Connection, table: str) -> tuple[list[str], dict[tuple, tuple]]:
     """Column names and rows keyed by primary key (rowid when the table has none)."""
-    info = conn.execute(f'PRAGMA table_info({_q(table)})').fetchall()
-    cols = [c[1] for c in info]
-    pk = [c[1] for c in sorted(info, key=lambda c: c[5]) if c[5] > 0]
+    cols, pk = row_columns(conn, table)
     key_sql = ", ".join(_q(c) for c in pk) if pk else "rowid"
-    rows = conn.execute(f'SELECT {key_sql}, * FROM {_q(table)}').fetchall()
+    rows = conn.execute(f'SELECT {key_sql}, {", ".join(map(_q, cols))} FROM {_q(table)}').fetchall()
     width = len(pk) or 1
     return cols, {tuple(r[:width]): tuple(r[width:]) for r in rows}
 
@@ -394,9 +482,7 @@ def diff_databases(before: str | os.PathLike[str], after: str | os.PathLike[str]
     `"table": "added"` or `"removed"`. Used for traces (what did this turn do to the state?).
     """
     out: dict[str, dict[str, Any]] = {}
-    a = sqlite3.connect(f"file:{Path(before).resolve()}?mode=ro", uri=True)
-    b = sqlite3.connect(f"file:{Path(after).resolve()}?mode=ro", uri=True)
-    try:
+    with open_readonly(before) as a, open_readonly(after) as b:
         ta, tb = set(_tables(a)), set(_tables(b))
         for name in sorted(ta | tb):
             if name not in ta or name not in tb:
@@ -407,14 +493,7 @@ def diff_databases(before: str | os.PathLike[str], after: str | os.PathLike[str]
             entry = table_change(cols, ra, rb)
             if entry is not None:
                 out[name] = entry
-    finally:
-        a.close()
-        b.close()
     return out
-
-
-def _ncols(conn: sqlite3.Connection, table: str) -> int:
-    return len(conn.execute(f'PRAGMA table_info({_q(table)})').fetchall())
 
 
 _NAME = re.compile(r"[A-Za-z0-9_]{1,200}")
@@ -521,7 +600,7 @@ def _complete(base: Path, path: Path, base_report: BuildReport, statements: list
         guard = SqlGuard(conn, ddl_only=True)
         with guard.trusted():
             conn.execute("BEGIN")
-        created = set()
+        created, ran = set(), []
         if len(statements) > MAX_ENV_DDL_STATEMENTS:
             report.failed.append(("env_ddl", f"<{len(statements) - MAX_ENV_DDL_STATEMENTS} more statements>",
                                   f"more than {MAX_ENV_DDL_STATEMENTS} statements (MAX_ENV_DDL_STATEMENTS)"))
@@ -531,13 +610,19 @@ def _complete(base: Path, path: Path, base_report: BuildReport, statements: list
             if why is None:
                 guard.refusal = None
                 try:
-                    conn.execute(stmt)  # never split: a string of two statements fails here, before it runs
+                    with guard.timed():
+                        conn.execute(stmt)  # never split: a string of two statements fails here, before it runs
                     created.add(stmt[_LEADING.match(stmt).end():].split("(")[0].strip())
+                    ran.append(stmt)
                     continue
                 except sqlite3.ProgrammingError as exc:
                     if "one statement" not in str(exc):
                         raise
                     why = "refused by the trainer's SQL guard: more than one statement"
+                except SqlTimeout as exc:
+                    why = str(exc)
+                    if not conn.in_transaction:  # SQLite rolled back the transaction of the interrupted statement
+                        _replay(guard, ran, report)
                 except sqlite3.Error as exc:
                     if "already exists" in str(exc) and guard.refusal is None:
                         continue
@@ -547,7 +632,7 @@ def _complete(base: Path, path: Path, base_report: BuildReport, statements: list
         with guard.trusted():
             conn.execute("COMMIT")
         if sample_data:
-            apply_inserts(conn, sample_data, report)
+            apply_inserts(conn, sample_data, report, SqlGuard(conn, build_deadline=guard.build_deadline))
     finally:
         conn.close()
     os.replace(tmp, path)
@@ -558,6 +643,22 @@ def _complete(base: Path, path: Path, base_report: BuildReport, statements: list
         log.warning("scenario %s: %d statements of its environment code's schema were not folded into its "
                     "template (first: %s)", report.scenario, len(bad), bad[0][2])
     return report
+
+
+def _replay(guard: SqlGuard, ran: list[str], report: BuildReport) -> None:
+    """Begin the completion's transaction again and rerun the statements an interrupt rolled back."""
+    with guard.trusted():
+        guard.conn.execute("BEGIN")
+    for stmt in list(ran):
+        try:
+            with guard.timed():
+                guard.conn.execute(stmt)
+        except sqlite3.Error as exc:  # the build's budget spent meanwhile: this one is lost
+            ran.remove(stmt)
+            report.failed.append(("env_ddl", stmt[:1000], f"rolled back by an interrupted statement, then {exc}"))
+            if not guard.conn.in_transaction:
+                with guard.trusted():
+                    guard.conn.execute("BEGIN")
 
 
 def _env_ddl_problem(stmt: Any) -> str | None:

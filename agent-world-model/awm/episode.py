@@ -191,6 +191,15 @@ class Snapshot:
     step: int
 
 
+def load_reply(info: Any) -> tuple[list[str], list[ToolSpec]]:
+    """(created_sql, tools) of a worker's reply to a load; ValueError for anything else. Its load ran generated
+    code, which can write the reply itself, so every field is checked before the trainer uses it."""
+    if type(info) is not dict or type(info.get("created_sql")) is not list or type(info.get("tools")) is not list \
+            or not all(type(stmt) is str for stmt in info["created_sql"]):
+        raise ValueError(f"{str(info)[:200]!r}")
+    return info["created_sql"], [ToolSpec.from_reply(t) for t in info["tools"]]
+
+
 class EnvRuntime:
     """Serves many concurrent episodes of many scenarios from one AWM data directory.
 
@@ -235,7 +244,7 @@ class EnvRuntime:
         self._template_locks: dict[str, threading.Lock] = {}
         self._templates: dict[str, tuple[Path, BuildReport]] = {}
         self._tools: dict[str, list[ToolSpec]] = {}
-        self._completed: set[str] = set()  # templates whose env-code schema was folded in
+        self._completing: dict[str, asyncio.Future] = {}  # scenario -> folding its env-code schema into the template
         self._broken: dict[str, str] = {}  # scenario -> why its environment code does not load
         self._sandbox: VerifierSandbox | None = None
         self._verifier_options = {"workdir_parent": self.episode_dir.parent, **(verifier_options or {})}
@@ -287,29 +296,74 @@ class EnvRuntime:
             self._broken[scenario] = exc.info.get("message", str(exc))
             raise EnvLoadError(self._broken[scenario]) from None
         except InfraError as exc:
-            self._strike(scenario, exc)
+            await self._strike(scenario, exc, sc.full_code, str(path))
             raise
-        if info["created_sql"] and scenario not in self._completed:
-            self._completed.add(scenario)
-            self._complete_template(path, report, info["created_sql"],
-                                    sc.sample_data if sc.db_schema is None else None)
+        try:
+            created_sql, tools = load_reply(info)
+        except ValueError as exc:
+            error = InfraError(f"scenario {scenario!r}: the worker's reply to its load is not a load reply ({exc}); "
+                               "the worker was killed")
+            error.culprit = True  # the load ran alone in its worker (awm.runtime.pool): its code wrote this
+            self.pool.kill_worker(slot, str(error))
+            await self._strike(scenario, error, sc.full_code, str(path))
+            raise error from None
+        if created_sql:  # folded into the template once, off the event loop (it runs SQL: seconds, maybe)
+            completing = self._completing.get(scenario)
+            if completing is None:
+                completing = self._completing[scenario] = asyncio.ensure_future(asyncio.to_thread(
+                    self._complete_template, path, report, created_sql,
+                    sc.sample_data if sc.db_schema is None else None))
+            await asyncio.shield(completing)
         with self._lock:
             if scenario not in self._tools:
-                self._tools[scenario] = [ToolSpec.from_dict(t) for t in info["tools"]]
+                self._tools[scenario] = tools
         return self._tools[scenario]
 
-    def _strike(self, scenario: str, exc: InfraError) -> None:
+    async def _strike(self, scenario: str, exc: InfraError, code: str, template: str) -> None:
         """Count an import that crashed or hung its worker; past `load_attempts` the scenario is refused,
         so later episodes never take a shared worker (and its bystander episodes) down with it again.
-        A load that only queued behind another request's crash is no strike (`exc.culprit` is False)."""
-        if not exc.culprit or getattr(exc, "counted", False):  # concurrent openers share one failure
+
+        A load that only queued behind another request's crash is no strike (`exc.culprit` is False). A load
+        that was running is struck only if it fails again alone, in a fresh worker of its own (`_fails_alone`):
+        code loaded earlier into the shared worker can fake a load's end (a forged reply) and then take the
+        worker down during the next scenario's load, or a thread it left can; the probe costs a worker start
+        and an import, only when a worker died during a load."""
+        if not exc.culprit:
+            return
+        probe = getattr(exc, "probe", None)
+        if probe is None:  # concurrent openers share one failure, and one probe
+            probe = exc.probe = asyncio.ensure_future(self._fails_alone(scenario, code, template))
+        if not await asyncio.shield(probe) or getattr(exc, "counted", False):
             return
         exc.counted = True
         strikes = self._load_strikes[scenario] = self._load_strikes.get(scenario, 0) + 1
         if strikes >= self.load_attempts:
             self._broken[scenario] = (f"scenario {scenario!r}: environment code took its worker down at import "
-                                      f"{strikes} time(s) ({exc}); refused for the life of this runtime")
+                                      f"{strikes} time(s), the last time alone in a worker of its own ({exc}); "
+                                      "refused for the life of this runtime")
             log.warning("%s", self._broken[scenario])
+
+    async def _fails_alone(self, scenario: str, code: str, template: str) -> bool:
+        """Whether `scenario`'s import crashes, hangs or answers with something else than a load reply in a
+        fresh worker that runs nothing else (a one-worker pool of its own, closed after)."""
+        probe = WorkerPool(1, scratch_dir=self.episode_dir / f"probe-{next(self._counter)}",
+                           read_dirs=self.pool.read_dirs, lockdown=self.pool.lockdown,
+                           direct_dispatch=self.pool.direct_dispatch, memory_limit_bytes=self.pool.memory_limit_bytes)
+        try:
+            await probe.start()
+            info = await probe.ensure_loaded(probe.slots[0], scenario, code, template, self.load_timeout_s)
+        except InfraError:
+            return True
+        except WorkerRequestError:  # an import error, not a crash: the next load reports it as such
+            return False
+        finally:
+            probe.close()
+            shutil.rmtree(probe.scratch_dir, ignore_errors=True)
+        try:
+            load_reply(info)
+        except ValueError:
+            return True
+        return False
 
     def _complete_template(self, path: Path, report: BuildReport, sql: list[str], sample_data: dict | None) -> None:
         """Fold the code's import-time `create_all` into the template (upstream runs it on the live DB).

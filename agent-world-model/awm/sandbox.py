@@ -89,6 +89,7 @@ def _load_lockdown() -> Any:
 Lockdown = _load_lockdown().Lockdown
 
 _MAX_RESULT_BYTES = 8 << 20
+_MAX_RESULT_DEPTH = 64  # containers nested in a result message: `_json_safe` cuts a value at depth 51
 # A request queued this long (or a quarter of its timeout, if less) starts even when every slot is
 # taken, up to _OVERFLOW_FACTOR x max_workers children: hung verifiers hold their slots until their
 # own deadline, and without overflow each later request would wait about ceil(hung / slots) timeouts.
@@ -496,12 +497,38 @@ def request_payload(request: dict[str, Any], fields: dict[str, Any], reqdir: str
     return (json.dumps({**request, **fields, "dir": reqdir, "initial": initial, "final": final}) + "\n").encode()
 
 
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests containers more than `limit` deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def _reply_from_output(output: bytes) -> dict[str, Any] | None:
-    """The reply a child's result message makes, or None when it left none."""
+    """The reply a child's result message makes, or None when it left none.
+
+    The message is data the verifier's code could have written itself (fd 3 is open to it): one nested
+    past what the trainer's JSON code follows (RecursionError, here or when the reply is passed on) is a
+    crashed verifier, an error reply (judge_error: dropped, never scored)."""
     try:
         message = json.loads(output)
     except ValueError:
         return None
+    except RecursionError:
+        message = None
+        deep = True
+    else:
+        deep = _nested_deeper(message, _MAX_RESULT_DEPTH)
+    if deep:
+        return {"status": "error", "detail": f"verifier result message nests deeper than {_MAX_RESULT_DEPTH} "
+                                             "levels (not one the sandbox writes): counted as a verifier crash"}
     if not (isinstance(message, dict) and "ok" in message):
         return None
     if message["ok"]:

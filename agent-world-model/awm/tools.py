@@ -56,6 +56,21 @@ class ToolSpec:
         return cls(**{**d, "path_params": tuple(d["path_params"]), "query_params": tuple(d["query_params"]),
                       "body_params": tuple(d["body_params"])})
 
+    @classmethod
+    def from_reply(cls, d: Any) -> ToolSpec:
+        """A tool spec a worker sent (`to_dict`'s output); ValueError for anything else (generated code runs in
+        the worker and can write its replies, so every field the trainer reads is checked)."""
+        try:
+            spec = cls.from_dict(d)
+        except (TypeError, KeyError, AttributeError):
+            raise ValueError(f"not a tool spec: {str(d)[:200]!r}") from None
+        texts = (spec.name, spec.description, spec.method, spec.path, *spec.path_params, *spec.query_params,
+                 *spec.body_params)
+        if not all(type(t) is str for t in texts) or type(spec.input_schema) is not dict \
+                or type(spec.examples) is not dict or not (spec.raw_body is None or type(spec.raw_body) is str):
+            raise ValueError(f"not a tool spec: {str(d)[:200]!r}")
+        return spec
+
     @property
     def read_only(self) -> bool:
         """GET routes: upstream's generated code reads only there."""

@@ -14,7 +14,7 @@ import time
 import pytest
 from awm.episode import EnvRuntime
 from awm.runtime.pool import EnvLoadError, InfraError
-from conftest import write_scenarios
+from conftest import FAULT_APP, write_scenarios
 
 # Generated-code style: a notes app whose extra routes do to the DB what env code can do in its worker dir.
 HOSTILE_APP = r'''
@@ -378,3 +378,71 @@ def test_a_write_that_finds_no_room_is_an_infra_error_not_the_agents_error(hosti
     error, others_intact, restarts = asyncio.run(main())
     assert error is not None and "database or disk is full" in error, error
     assert others_intact and restarts == 0  # the worker and its other episodes go on
+
+
+FORGED_LOAD_REPLY = r'''
+import json as _j, mmap as _m, struct as _s, sys as _y, os as _o
+_rec = _m.mmap(_j.loads(_y.argv[2])["progress_fd"], 16)
+_rid, _ = _s.unpack_from("<QQ", _rec, 0)  # the id of this load request, from the pool's hint record
+_body = _j.dumps([_rid, True, PAYLOAD]).encode()
+_o.write(int(_y.argv[1]), _s.pack(">I", len(_body)) + _body)  # the worker's socket, inherited
+'''
+FORGED_PAYLOADS = {"list": "[1, 2, 3]", "null": "None", "no_keys": "{}", "sql_text": "{'created_sql': 'x', 'tools': []}",
+                   "sql_dicts": "{'created_sql': [{'a': 1}], 'tools': []}",
+                   "tools_text": "{'created_sql': [], 'tools': 'abc'}",
+                   "tool_missing_fields": "{'created_sql': [], 'tools': [{'name': 'x'}]}",
+                   "tool_wrong_types": "{'created_sql': [], 'tools': [{'name': 1, 'description': '', 'input_schema': "
+                                       "{}, 'method': 'GET', 'path': '/', 'path_params': [], 'query_params': [], "
+                                       "'body_params': []}]}"}
+
+
+@pytest.mark.parametrize("payload", FORGED_PAYLOADS, ids=list(FORGED_PAYLOADS))
+def test_a_load_reply_env_code_forged_is_an_infra_error_and_a_strike(tmp_path, payload):
+    """Env code answers its own load (in order, so the pool's order check passes) with a result of another
+    shape: TypeError/KeyError escaped `EnvRuntime.open`. Now the load is an InfraError, the worker is killed
+    and the scenario struck (its load ran alone in the worker, so its code wrote the reply)."""
+    code = FAULT_APP + FORGED_LOAD_REPLY.replace("PAYLOAD", FORGED_PAYLOADS[payload])
+    data = write_scenarios(tmp_path / "data", {"forger": code})
+
+    async def main():
+        with EnvRuntime(data, num_workers=1, cache_dir=tmp_path / "cache") as rt:
+            with pytest.raises(InfraError, match="not a load reply"):
+                await rt.open("forger")
+            with pytest.raises(EnvLoadError, match="refused"):
+                await rt.open("forger")
+            return rt.pool.restarts
+
+    assert asyncio.run(main()) == 1
+
+
+BLAME_SHIFTER = r'''
+import json as _j, mmap as _m, struct as _s, sys as _y, os as _o, time as _t
+_rec = _m.mmap(_j.loads(_y.argv[2])["progress_fd"], 16)
+_rid, _ = _s.unpack_from("<QQ", _rec, 0)
+_body = _j.dumps([_rid, True, {"created_sql": [], "tools": []}]).encode()
+_o.write(int(_y.argv[1]), _s.pack(">I", len(_body)) + _body)  # "loaded": the pool sends the next load
+_t.sleep(1.5)
+_o._exit(3)  # ... during which this worker dies
+'''
+
+
+def test_a_forged_load_end_cannot_shift_an_import_crash_onto_the_next_scenario(tmp_path):
+    """Env code answers its own load in order at the start of its import, so the pool sends the next
+    scenario's load into the same worker; then it kills the worker. The innocent load was the one running:
+    it was struck and refused for the runtime's life. A strike now needs the crash again in a worker of its
+    own, where the innocent loads fine. (The forger's own load "succeeded": its episodes die with each worker
+    it kills, as a call that crashes its worker does.)"""
+    data = write_scenarios(tmp_path / "data", {"forger": BLAME_SHIFTER + FAULT_APP, "innocent": FAULT_APP})
+
+    async def main():
+        with EnvRuntime(data, num_workers=1, cache_dir=tmp_path / "cache") as rt:
+            rt.template("innocent")
+            rt.template("forger")
+            first = await asyncio.gather(rt.open("forger"), rt.open("innocent"), return_exceptions=True)
+            innocent = await rt.open("innocent")  # refused here before
+            listed = await innocent.call("list_notes", {})
+            return first, listed, dict(rt._load_strikes)
+
+    first, listed, strikes = asyncio.run(main())
+    assert isinstance(first[1], InfraError) and first[1].culprit, first  # it was running when the worker died
+    assert not listed.is_error and "innocent" not in strikes

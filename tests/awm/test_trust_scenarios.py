@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import sqlite3
 
 import pytest
 from awm.episode import EnvRuntime
-from awm.runtime.isolation import ProcessGuard
-from awm.runtime.pool import InfraError, WorkerRequestError
+from awm.runtime.isolation import ProcessGuard, cancel_new_handles, loop_handles
+from awm.runtime.pool import EnvLoadError, InfraError, WorkerRequestError
 from conftest import FAULT_APP, write_scenarios
 
 HOSTILE_ROUTES = '''
@@ -104,6 +105,42 @@ def set_limits():
 def leave_thread():
     threading.Thread(target=_keep_writing, daemon=True).start()
     return {"started": True}
+
+
+def _evil():
+    time.time = lambda: 0.0
+    os.environ["TZ"] = "Asia/Kathmandu"
+    time.tzset()
+
+
+@app.post("/h/later", operation_id="arm_later", summary="Leave a callback on the event loop, not a task")
+async def arm_later(how: str = "call_later"):
+    import asyncio
+    loop = asyncio.get_running_loop()
+    if how == "call_later":
+        loop.call_later(0.3, _evil)
+    else:  # a future of its own, completed by a timer: its done callback runs in whoever's call is on
+        fut = loop.create_future()
+        fut.add_done_callback(lambda f: _evil())
+        loop.call_later(0.3, fut.set_result, None)
+    return {"armed": how}
+
+
+@app.post("/h/swap", operation_id="swap_module", summary="Replace the json module in sys.modules")
+def swap_module():
+    import json, sys, types
+    fake = types.ModuleType("json")
+    fake.__dict__.update(json.__dict__)
+    fake.dumps = lambda *args, **kwargs: '"forged"'
+    sys.modules["json"] = fake
+    return {"swapped": True}
+
+
+@app.post("/h/fresh", operation_id="patch_fresh", summary="First to import a library module, and patch it")
+def patch_fresh():
+    import graphlib
+    graphlib.TopologicalSorter.static_order = lambda self: iter(["forged"])
+    return {"patched": True}
 '''
 
 VICTIM_ROUTES = '''
@@ -118,13 +155,58 @@ def quote(text: str = "a b"):
 def clock():
     t = time.localtime(0)
     return {"hour": t.tm_hour, "zone": time.strftime("%z", t)}
+
+
+@app.get("/wait_clock", operation_id="wait_clock", summary="Wait, then read the clock and the zone")
+async def wait_clock():
+    import asyncio
+    await asyncio.sleep(0.8)
+    return {"late": time.time() < 1e9, "zone": time.strftime("%z", time.localtime(0))}
+
+
+@app.get("/dump", operation_id="dump", summary="JSON-encode a value with the json module imported now")
+def dump():
+    import json as now_json
+    return {"value": now_json.dumps({"a": 1})}
+
+
+@app.get("/order", operation_id="order", summary="Order b after a")
+def order():
+    import graphlib
+    return {"order": list(graphlib.TopologicalSorter({"b": {"a"}}).static_order())}
+'''
+
+# Loaded after the hostile scenario acted: what its import finds in sys.modules is what it keeps.
+LATE_ROUTES = '''
+
+import json as late_json
+import statistics
+
+
+@app.get("/late_dump", operation_id="late_dump", summary="JSON-encode a value")
+def late_dump():
+    return {"value": late_json.dumps({"a": 1})}
+
+
+@app.get("/mean", operation_id="mean", summary="Mean of 1, 2, 3")
+def mean():
+    return {"mean": statistics.mean([1, 2, 3])}
+'''
+
+# The first to import `statistics` in the worker, and patches it in the same import.
+PATCHER = '''
+import statistics
+
+statistics.mean = lambda data: "forged"
 '''
 
 
 @pytest.fixture(scope="module")
 def trust_data_dir(tmp_path_factory: pytest.TempPathFactory):
     return write_scenarios(tmp_path_factory.mktemp("trust"), {"hostile": FAULT_APP + HOSTILE_ROUTES,
-                                                              "victim": FAULT_APP + VICTIM_ROUTES})
+                                                              "victim": FAULT_APP + VICTIM_ROUTES,
+                                                              "late": FAULT_APP + LATE_ROUTES,
+                                                              "patcher": FAULT_APP + PATCHER})
 
 
 async def _attack(ep, tool: str, args: dict | None = None) -> str:
@@ -251,6 +333,109 @@ def test_a_patch_off_the_hot_path_is_undone_within_the_sweep_and_caught_at_once_
     assert swept == after == {"quoted": "a%20b"}  # unguarded: "forged" for good
     assert first == ""  # inside the window the first patch goes through
     assert "changed process-wide state" in later and "urllib.parse.quote" in later
+
+
+@pytest.mark.parametrize("how", ["call_later", "future_done_callback"])
+def test_f_a_loop_callback_left_by_a_call_never_runs_in_another_scenarios_call(trust_data_dir, cache_dir,
+                                                                              how):
+    """A callback a call leaves on the event loop (not a Task: `cancel_new_tasks` misses it) is cancelled
+    when the call ends. Unguarded it fired 0.3 s later, inside the victim's call: the victim read a clock at
+    0 and another zone, and the guard, seeing the change at the next switch, refused the victim."""
+    async def body(rt, hostile, victim):
+        before = json.loads((await victim.call("clock", {})).text)
+        armed = await _attack(hostile, "arm_later", {"how": how})
+        waited = await victim.call("wait_clock", {})  # the callback would fire in here
+        after = await victim.call("clock", {})
+        await asyncio.sleep(0.5)
+        return before, armed, waited, after, await victim.call("list_notes", {})
+
+    before, armed, waited, after, listed = _run(trust_data_dir, cache_dir, body)
+    assert armed == ""
+    assert not waited.is_error, waited.text
+    assert json.loads(waited.text) == {"late": False, "zone": before["zone"]}, waited.text
+    assert not after.is_error and json.loads(after.text) == before, after.text  # unguarded: refused
+    assert not listed.is_error, listed.text
+
+
+@pytest.mark.parametrize("when", ["imported-in-a-call", "imported-by-a-later-load"])
+def test_g_a_sys_modules_entry_replaced_in_a_call_never_reaches_another_scenario(trust_data_dir, cache_dir,
+                                                                                 when):
+    """`sys.modules["json"] = fake` in a call: the entry is put back before another scenario runs (and
+    before a load), the swapper refused. Unguarded, the victim's `import json` got the fake and its forged
+    `dumps`."""
+    async def body(rt, hostile, victim):
+        await _attack(hostile, "swap_module")
+        if when == "imported-in-a-call":
+            out = await victim.call("dump", {})
+        else:
+            out = await (await rt.open("late")).call("late_dump", {})
+        return out, await _attack(hostile, "list_notes")
+
+    out, later = _run(trust_data_dir, cache_dir, body)
+    assert not out.is_error and json.loads(out.text) == {"value": '{"a": 1}'}, out.text
+    assert "changed process-wide state" in later and "sys.modules['json']" in later
+
+
+def test_h_a_library_module_first_imported_and_patched_by_a_scenario_never_serves_another(trust_data_dir,
+                                                                                          cache_dir):
+    """A scenario whose import is the first to load `statistics` and patches it in the same import is
+    refused, and the patched module is dropped: the next scenario to import it gets a clean copy.
+    Unguarded, the guard took the patched module into its baseline after the load."""
+    async def body(rt, hostile, victim):
+        try:
+            await rt.open("patcher")
+            refused = ""
+        except EnvLoadError as exc:
+            refused = str(exc)
+        return refused, await (await rt.open("late")).call("mean", {})
+
+    refused, mean = _run(trust_data_dir, cache_dir, body)
+    assert json.loads(mean.text) == {"mean": 2}, mean.text  # unguarded: "forged"
+    assert "changed process-wide state" in refused and "statistics.mean" in refused
+
+
+def test_i_a_library_module_first_imported_and_patched_in_a_call_never_serves_another(trust_data_dir,
+                                                                                      cache_dir):
+    """The same in a call: `graphlib` first imported by the hostile call, a method of its class patched: the
+    module is dropped at the next switch (a module new in `sys.modules` is looked into), the patcher
+    refused."""
+    async def body(rt, hostile, victim):
+        await _attack(hostile, "patch_fresh")
+        return await victim.call("order", {}), await _attack(hostile, "list_notes")
+
+    order, later = _run(trust_data_dir, cache_dir, body)
+    assert not order.is_error, order.text
+    assert json.loads(order.text) == {"order": ["a", "b"]}, order.text  # unguarded: ["forged"]
+    assert "changed process-wide state" in later and "graphlib.TopologicalSorter.static_order" in later
+
+
+def test_readers_and_writers_a_call_adds_to_the_loop_are_removed_and_the_loops_own_kept():
+    """`loop.add_reader` / `add_writer` (on a new fd, or on one the loop already watches) left by a call: the
+    worker's `cancel_new_handles` takes them off the real event loop, and leaves its self-pipe reader."""
+    fired: list[str] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        own = dict(loop._selector._fd_to_key)
+        before = loop_handles(loop)
+        r, w = os.pipe()
+        loop.add_reader(r, fired.append, "reader")
+        loop.add_writer(w, fired.append, "writer")
+        self_pipe = next(iter(own))
+        loop.add_writer(self_pipe, fired.append, "self-pipe writer")
+        removed = cancel_new_handles(loop, before)
+        os.write(w, b"x")
+        await asyncio.sleep(0.05)
+        loop.call_soon_threadsafe(fired.append, "wakeup")  # the self-pipe still wakes the loop
+        await asyncio.sleep(0.05)
+        after = dict(loop._selector._fd_to_key)
+        os.close(r)
+        os.close(w)
+        return removed, own, after
+
+    removed, own, after = asyncio.run(main())
+    assert removed == 3 and fired == ["wakeup"], fired
+    assert after.keys() == own.keys() and all(after[fd].data == own[fd].data for fd in own)
 
 
 def test_a_clean_scenario_is_never_blamed(trust_data_dir, cache_dir):

@@ -313,3 +313,138 @@ def test_table_names_env_code_chose_are_quoted_in_the_trainers_state_reads(tmp_p
     assert state_hash(a) != state_hash(b)
     assert diff_databases(a, b) == {'x" ORDER BY 1; --': {"added": 0, "removed": 0, "changed": 1,
                                                           "changed_columns": ['v"']}}
+
+
+# ---- cost: time and memory the trainer spends on SQL text and on DBs env code wrote --------------------
+ENDLESS = ("INSERT INTO notes (text) WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+           "SELECT count(*) FROM c;")
+
+
+def _build_in_thread(target, timeout_s: float = 30.0):
+    """Run a build in a daemon thread: an unbounded one fails the test instead of hanging it."""
+    import threading
+
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.setdefault("report", target()), daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        pytest.fail(f"the build still ran after {timeout_s:g} s (no wall-clock limit on the SQL text)")
+    return out["report"]
+
+
+def test_an_endless_statement_in_sample_data_is_a_failed_statement_naming_its_limit(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """Red team t03: gen_sample's INSERT over an endless recursive CTE passes the authorizer (INSERT, SELECT,
+    RECURSIVE) and spun the trainer's template build for ever. Each statement has a wall-clock limit
+    (STATEMENT_BUDGET_S, lowered here); the build goes on after it."""
+    from awm import database
+
+    monkeypatch.setattr(database, "STATEMENT_BUDGET_S", 0.5, raising=False)
+    inserts = [*GOOD_INSERTS, ENDLESS, "INSERT INTO notes (id, text) VALUES (3, 'three');"]
+    report = _build_in_thread(lambda: build_db(tmp_path / "t.db", _schema([NOTES_DDL]), _sample(inserts),
+                                               scenario="s"))
+    failed = [f for f in report.failed if f[1] == ENDLESS]
+    assert failed and "STATEMENT_BUDGET_S" in failed[0][2], report.failed
+    conn = sqlite3.connect(tmp_path / "t.db")
+    assert [r[0] for r in conn.execute("SELECT id FROM notes")] == [3]  # an interrupt rolls back the transaction
+    conn.close()
+
+
+def test_a_builds_sql_text_has_a_total_wall_clock_budget(tmp_path: Path, monkeypatch) -> None:
+    """Statements each under their own limit cannot add up without end: the build's total (BUILD_BUDGET_S)
+    interrupts the one running when it is spent, and the rest are not run."""
+    from awm import database
+
+    monkeypatch.setattr(database, "STATEMENT_BUDGET_S", 0.6, raising=False)
+    monkeypatch.setattr(database, "BUILD_BUDGET_S", 1.0, raising=False)
+    report = _build_in_thread(lambda: build_db(tmp_path / "t.db", _schema([NOTES_DDL]),
+                                               _sample([ENDLESS] * 4), scenario="s"))
+    reasons = [f[2] for f in report.failed if f[1] == ENDLESS and "ended the build's transaction" not in f[2]]
+    assert len(reasons) == 4 and "STATEMENT_BUDGET_S" in reasons[0], reasons
+    assert "BUILD_BUDGET_S" in reasons[1] and all("not run" in r for r in reasons[2:]), reasons
+
+
+def _notes_template(tmp_path: Path, rows: int) -> tuple[Path, object]:
+    inserts = [f"INSERT INTO notes (id, text) VALUES ({i}, 'n{i}');" for i in range(1, rows + 1)]
+    store = TemplateStore(tmp_path / "store")
+    return store, store.get_or_build("s", _schema([NOTES_DDL]), _sample(inserts), clock=CLOCK)
+
+
+def test_env_ddl_cannot_make_values_past_the_length_limit(tmp_path: Path) -> None:
+    """Red team t08: env code's reported DDL `CREATE INDEX ... ON notes(length(hex(zeroblob(150000000))) + N)`
+    cost the trainer 0.5 s and 250 MB a statement (5,000 statements allowed). Values past MAX_VALUE_BYTES
+    (SQLITE_LIMIT_LENGTH) fail at once: each is a failed env_ddl statement."""
+    store, (base, report) = _notes_template(tmp_path, 3)
+    ddl = [f"CREATE INDEX ix{i} ON notes(length(hex(zeroblob(150000000))) + {i})" for i in range(3)]
+    path, done = _build_in_thread(lambda: store.complete(base, report, ddl, None, clock=CLOCK))
+    failed = [f for f in done.failed if f[0] == "env_ddl"]
+    assert len(failed) == 3 and all("too big" in f[2] for f in failed), failed
+
+
+def test_slow_env_ddl_is_interrupted_at_its_statement_limit(tmp_path: Path, monkeypatch) -> None:
+    """An index whose expression is costly on every row of the template stops at STATEMENT_BUDGET_S (lowered)."""
+    from awm import database
+
+    store, (base, report) = _notes_template(tmp_path, 2000)
+    monkeypatch.setattr(database, "STATEMENT_BUDGET_S", 0.2, raising=False)
+    ddl = ["CREATE TABLE tags (id INTEGER PRIMARY KEY, name TEXT)",
+           "CREATE INDEX slow ON notes(length(hex(zeroblob(2000000 + id))))",
+           "CREATE INDEX tags_name ON tags(name)"]
+    path, done = _build_in_thread(lambda: store.complete(base, report, ddl, None, clock=CLOCK))
+    failed = [f for f in done.failed if f[0] == "env_ddl"]
+    assert len(failed) == 1 and "STATEMENT_BUDGET_S" in failed[0][2], failed
+    conn = sqlite3.connect(path)  # the interrupt rolled back the transaction: what ran before it is run again
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+    assert {"tags", "tags_name"} <= names and "slow" not in names, names
+
+
+def _select_star_hash(path: Path) -> str:
+    """awm.database.state_hash as it was (every column of `SELECT *`): the reference for normal DBs."""
+    h = hashlib.sha256()
+    conn = sqlite3.connect(path)
+    for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table' "
+                                  "AND name NOT LIKE 'sqlite_%' ORDER BY name").fetchall():
+        h.update(f"T:{name}:{sql}\n".encode())
+        n = len(conn.execute(f'PRAGMA table_info("{name}")').fetchall())
+        for row in conn.execute(f'SELECT * FROM "{name}" ORDER BY {", ".join(str(i + 1) for i in range(n))}'):
+            h.update(json.dumps(row, default=repr).encode())
+    conn.close()
+    return h.hexdigest()
+
+
+def test_state_reads_skip_virtual_columns_and_hash_normal_dbs_as_before(tmp_path: Path, excerpt_dir: Path) -> None:
+    """Red team t04 at awm.database: state_hash and diff_databases computed a VIRTUAL generated column's
+    zeroblob(200 MB) on every row. They read stored columns only; a DB without generated columns (every
+    bundled and excerpt template) hashes exactly as `SELECT *` did."""
+    import time
+
+    hashed = 0
+    for data in (bundled_data_dir(), excerpt_dir):
+        ds = AWMDataset(data, cache_dir=tmp_path / "cache")
+        for name in ds.scenario_names():
+            sc = ds.scenario(name)
+            if sc.db_schema:
+                report = build_db(tmp_path / f"{name}.db", sc.db_schema, sc.sample_data, scenario=name, clock=CLOCK)
+                assert state_hash(report.path) == _select_star_hash(Path(report.path)), name
+                hashed += 1
+    assert hashed == 9
+    hostile = tmp_path / "hostile.db"
+    conn = sqlite3.connect(hostile)
+    conn.execute("CREATE TABLE g (id INTEGER PRIMARY KEY, a TEXT, b BLOB AS (zeroblob(200000000)) VIRTUAL, "
+                 "s AS (a || '!') STORED)")
+    conn.execute("INSERT INTO g (id, a) VALUES (1, 'x'), (2, 'y'), (3, 'z')")
+    conn.commit()
+    conn.close()
+    after = tmp_path / "after.db"
+    database_copy = sqlite3.connect(after)
+    sqlite3.connect(hostile).backup(database_copy)
+    database_copy.execute("UPDATE g SET a = 'w' WHERE id = 2")
+    database_copy.commit()
+    database_copy.close()
+    start = time.monotonic()
+    assert state_hash(hostile) != state_hash(after)
+    assert diff_databases(hostile, after) == {"g": {"added": 0, "removed": 0, "changed": 1,
+                                                    "changed_columns": ["a", "s"]}}
+    assert time.monotonic() - start < 1.0

@@ -185,3 +185,68 @@ def test_a_db_grown_past_the_cap_is_an_infra_error_not_seconds_of_trainer_cpu(tm
                 await env.close()
 
     asyncio.run(main())
+
+
+def _state_after(tmp_path, sqls: list[str]) -> tuple[dict | EnvInfraError, float, str]:
+    """Run `sqls` through the fault scenario's run_sql tool (env code's own SQL on its episode DB), then time
+    one rollout state read (`InProcessEnv.state`): (state or the infra error, seconds, the DB's path)."""
+    import time
+
+    data = awm_test_fixtures().write_scenarios(tmp_path / "data", {"gen": awm_test_fixtures().FAULT_APP})
+    out: dict = {}
+
+    async def main():
+        with EnvRuntime(data, num_workers=1, cache_dir=tmp_path / "cache") as rt:
+            env = InProcessEnv(await rt.open("gen"))
+            try:
+                for sql in sqls:
+                    result = await env.call("run_sql", {"sql": sql})
+                    assert not result.is_error, result
+                start = time.monotonic()
+                try:
+                    out["state"] = await env.state()
+                except EnvInfraError as exc:
+                    out["state"] = exc
+                out["s"], out["db"] = time.monotonic() - start, env.db_path
+                if not isinstance(out["state"], EnvInfraError):
+                    from awm.database import state_hash
+                    out["reference"] = state_hash(env.db_path)
+            finally:
+                await env.close()
+
+    asyncio.run(main())
+    return out["state"], out["s"], out.get("reference", "")
+
+
+def test_a_virtual_column_env_code_adds_costs_the_trainers_state_read_nothing(tmp_path):
+    """Red team t04: a VIRTUAL generated column `AS (zeroblob(200000000))` keeps the file at 20 KB (under
+    MAX_STATE_DB_BYTES) but made each state read compute 200 MB a row (3 rows: 11 s, 2.3 GB in the trainer).
+    The read takes stored columns only; its hash still matches awm.database.state_hash."""
+    state, seconds, reference = _state_after(tmp_path, [
+        "CREATE TABLE g (id INTEGER PRIMARY KEY, b BLOB AS (zeroblob(200000000)) VIRTUAL)",
+        "INSERT INTO g (id) VALUES (1), (2), (3)"])
+    assert not isinstance(state, EnvInfraError), state
+    assert state["changes"]["g"] == {"table": "added"} and state["state_hash"] == reference
+    assert seconds < 1.0, f"the state read took {seconds:.2f} s"
+
+
+def test_a_value_past_the_read_limit_is_an_infra_error(tmp_path, monkeypatch):
+    """Every trainer-side read of an episode DB has SQLITE_LIMIT_LENGTH (MAX_VALUE_BYTES, lowered here): a
+    value past it (a virtual table's, or one stored) fails the read as an infra error, never a score."""
+    from awm import database
+
+    monkeypatch.setattr(database, "MAX_VALUE_BYTES", 1000, raising=False)
+    state, _, _ = _state_after(tmp_path, ["INSERT INTO notes (text) VALUES (hex(zeroblob(600)))"])
+    assert isinstance(state, EnvInfraError) and "too big" in str(state), state
+
+
+def test_a_read_past_its_wall_clock_budget_is_an_infra_error(tmp_path, monkeypatch):
+    """A state read is interrupted past READ_BUDGET_S (lowered here below what 200,000 rows take to sort)."""
+    from awm import database
+
+    monkeypatch.setattr(database, "READ_BUDGET_S", 0.01, raising=False)
+    state, seconds, _ = _state_after(tmp_path, [
+        "INSERT INTO notes (text) WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 200000) "
+        "SELECT printf('%08d', 200000 - x) FROM c"])
+    assert isinstance(state, EnvInfraError) and "READ_BUDGET_S" in str(state), state
+    assert seconds < 2.0, seconds

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from awm.database import MAX_VALUE_BYTES
 from awm.predicates.sql_shape import parse
 from awm.predicates.verifier_analysis import StaticInfo, required_count, variables_of
 
@@ -144,6 +145,7 @@ def run_query(db_path: str | Path, sql: str, *, timeout_s: float = 2.0, max_rows
     # predicate SQL comes from a file anyone may have edited; a read-only connection can still ATTACH (which
     # creates a file) and VACUUM INTO (which writes a copy): both need an attached slot, so allow none
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)  # env code's virtual columns: no GB values here
     deadline = time.monotonic() + timeout_s
     conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
     try:

@@ -17,8 +17,10 @@ Each episode already has its own DB file; these are the other ways episodes coul
   what is checked when), undoes what it finds before the next request runs, and refuses the
   scenario that made the change in this worker; the request that made it fails (`SharedStateChanged`).
 - Deferred work. A task a handler leaves running would run during another episode's call, bound
-  to that episode's DB: `cancel_new_tasks` cancels what a call started; outside a call the
-  engines of generated code have no connection at all (`EpisodeDB.use`).
+  to that episode's DB: `cancel_new_tasks` cancels what a call started, and `cancel_new_handles` what it
+  left on the event loop that is not a task (`call_later`, `call_soon`, a future's done callback,
+  `add_reader` / `add_writer`); outside a call the engines of generated code have no connection at all
+  (`EpisodeDB.use`).
 - Raw SQLite. Code that opens `DATABASE_PATH` itself (`sqlite3.connect`) reaches the episode's
   DB file through `route_sqlite_connect`, never a file shared by episodes.
 """
@@ -32,6 +34,7 @@ import asyncio
 import collections
 import contextlib
 import ctypes
+import functools
 import gc
 import importlib
 import locale
@@ -48,7 +51,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from awm.runtime.deadline import CallDeadline, CallInterrupted, _runs_env_code
+from awm.runtime.deadline import ENV_CODE_PREFIX, CallDeadline, CallInterrupted, _runs_env_code
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +271,57 @@ def cancel_new_tasks(before: set[asyncio.Task]) -> int:
     return len(stray)
 
 
+def loop_handles(loop: asyncio.AbstractEventLoop) -> tuple[list, list, dict]:
+    """What a call finds scheduled on the worker's loop: timer handles, ready callbacks, and the registered
+    readers and writers (the handles are kept, not just their ids: an id freed in the call could be reused).
+    About 0.3 us when nothing is scheduled (benchmarks/process_guard_cost.py)."""
+    fd_to_key = getattr(getattr(loop, "_selector", None), "_fd_to_key", None)
+    return (list(getattr(loop, "_scheduled", ())), list(getattr(loop, "_ready", ())),
+            dict(fd_to_key) if type(fd_to_key) is dict else {})
+
+
+def _task_step(handle: asyncio.Handle, tasks: tuple[type, ...]) -> bool:
+    """A task's own step or wakeup: the task is cancelled (`cancel_new_tasks`) and must run to take it."""
+    return type(getattr(handle._callback, "__self__", None)) in tasks  # type: ignore[attr-defined]
+
+
+def cancel_new_handles(loop: asyncio.AbstractEventLoop, before: tuple[list, list, dict]) -> int:
+    """Cancel what a call scheduled on the loop and left behind (`call_later`, `call_at`, `call_soon`, a done
+    callback whose future completed, `add_reader` / `add_writer`): not a Task, so `cancel_new_tasks` misses
+    it, and it would run during another scenario's call. Steps and wakeups of tasks are left to the task's
+    cancellation. Returns how many were cancelled or removed."""
+    scheduled, ready, keys = before
+    tasks = tuple({asyncio.Task, getattr(asyncio.tasks, "_PyTask", asyncio.Task)})
+    n = 0
+    for queue, known in ((getattr(loop, "_scheduled", ()), scheduled), (getattr(loop, "_ready", ()), ready)):
+        if len(queue) == len(known) and all(map(operator.is_, queue, known)):
+            continue  # the common case: nothing added
+        old = set(map(id, known))
+        for handle in list(queue):
+            if id(handle) not in old and not handle.cancelled() and not _task_step(handle, tasks):
+                handle.cancel()
+                n += 1
+    selector = getattr(loop, "_selector", None)
+    fd_to_key = getattr(selector, "_fd_to_key", None)
+    if type(fd_to_key) is dict and fd_to_key != keys:  # SelectorKeys compare by value: a new or changed one
+        for fd, key in list(fd_to_key.items()):
+            if keys.get(fd) is key:
+                continue
+            kept = set(map(id, keys[fd].data or ())) if fd in keys else set()
+            for handle in key.data or ():
+                if isinstance(handle, asyncio.Handle) and id(handle) not in kept:
+                    handle.cancel()
+            if fd in keys:
+                selector.modify(fd, keys[fd].events, keys[fd].data)  # type: ignore[union-attr]
+            else:
+                selector.unregister(fd)  # type: ignore[union-attr]
+            n += 1
+        for fd in set(keys) - set(fd_to_key):  # removed by the call (the loop's own self-pipe): put back
+            selector.register(keys[fd].fileobj, keys[fd].events, keys[fd].data)  # type: ignore[union-attr]
+            n += 1
+    return n
+
+
 def route_sqlite_connect(sentinel: str, current_path: Callable[[], str]) -> None:
     """Make `sqlite3.connect(sentinel)` open the DB of the call running now (`current_path()`)."""
     real = sqlite3.connect
@@ -332,6 +386,57 @@ def _library_modules() -> set[str]:
     return {name for name in sys.modules if not name.startswith(ENV_MODULE_PREFIX)}
 
 
+def _from_env(value: Any) -> bool:
+    """Whether a value was made by generated code: a function compiled from it (also under a staticmethod,
+    classmethod, property, bound method or `functools.partial`), or a class defined in it, or an instance of
+    one. Read with `type()` and the type's own attribute lookup: no object's own `__class__` or metaclass
+    `__getattribute__` runs."""
+    for _ in range(4):
+        kind = type(value)
+        if kind is staticmethod or kind is classmethod or kind is types.MethodType:
+            value = value.__func__
+        elif kind is functools.partial:
+            value = value.func
+        elif kind is property:
+            return any(_from_env(f) for f in (value.fget, value.fset, value.fdel) if f is not None)
+        else:
+            break
+    if type(value) is types.FunctionType:
+        return value.__code__.co_filename.startswith(ENV_CODE_PREFIX)
+    cls = value if issubclass(type(value), type) else type(value)
+    return str(type.__getattribute__(cls, "__module__")).startswith(ENV_MODULE_PREFIX)
+
+
+def _planted(name: str, module: Any) -> list[str]:
+    """What generated code put into a library module that joined the process after the baseline: attributes
+    of the module, or of a class defined in it, made by generated code (`_from_env`). The rule: a library
+    module never holds generated code's functions, classes or objects, since it cannot import generated code
+    and the worker hands it none; only a patch puts them there. A patch that binds a value from another
+    library (`statistics.mean = max`) is not seen."""
+    if _from_env(module):
+        return [f"sys.modules[{name!r}]"]
+    if type(module) is not types.ModuleType:
+        return []
+    found = []
+    for key, value in list(vars(module).items()):
+        if _from_env(value):
+            found.append(f"{name}.{key}")
+        elif issubclass(type(value), type) and type.__getattribute__(value, "__module__") == name and \
+                not value.__flags__ & _IMMUTABLE_TYPE:
+            found += [f"{name}.{key}.{k}" for k, v in list(type.__getattribute__(value, "__dict__").items())
+                      if _from_env(v)]
+    return found
+
+
+def _sys_modules_tag() -> Callable[[], Any]:
+    """A reader of what changes when `sys.modules` does: its dict version tag (one read), else its size and
+    its hot entries."""
+    if _TAGS:
+        view = ctypes.c_uint64.from_address(id(sys.modules) + _DICT_TAG_OFFSET)
+        return lambda: view.value
+    return lambda: (len(sys.modules), *map(sys.modules.get, _HOT_MODULES))
+
+
 class ProcessGuard:
     """Process-wide state that one scenario's code could change for every other scenario in its worker.
 
@@ -341,33 +446,40 @@ class ProcessGuard:
     undoes them before that request runs and refuses the scenario that made them: its later loads, opens
     and calls here fail (`SharedStateChanged`, naming the change). A load is checked before and after
     (the load itself fails if it changed something). A run of one scenario's requests pays nothing; a switch
-    ~10 us (benchmarks/process_guard_cost.py, docs/runtime.md). What is checked:
+    ~3 us, ~10 us right after a call whose work evicted the caches (benchmarks/process_guard_cost.py, docs/runtime.md). What is checked:
 
-    - At every check: the dict version tags (PEP 509: one read per
+    - At every check: the version tag of `sys.modules` (if it moved: every library module's entry is compared
+      by identity and put back if replaced or deleted, and each library module new since the last check is
+      looked into for what generated code planted in it: `_planted`; such a module is dropped, so the next
+      import loads a clean copy, and never joins the baseline); the dict version tags (PEP 509: one read per
       namespace, whatever its size) of the modules and classes every tool call runs through and the likeliest
       targets (`_HOT_MODULES`, `_HOT_CLASSES`) and of library registries (`_REGISTRIES`); `os.environ` and
       every `putenv` (then TZ is put back and `tzset()` called: a zone loaded by a `tzset()` whose TZ was put
       back is caught too); the real interval timer (`alarm`, `setitimer`); handlers of `_ASYNC_SIGNALS`; the
       recursion limit; the number of warning filters and GC callbacks; threads started and left running
       (interrupted; if one still runs after `_THREAD_GRACE_S` the worker exits, so that it never runs during
-      another scenario's call: the pool fails its episodes as infrastructure errors).
-      Any of these moving triggers the whole process-state check below at once.
-    - At every check, 1/`sweep_every` of all other shared namespaces (every module loaded, every class
-      defined in one: ~4,300 in a worker); every `sweep_every` requests, and before and after every load,
-      all of them plus the locale, every signal handler, all interval timers, the signal mask, import hooks,
-      `sys.path`, the switch interval, rlimits, cwd and umask. A change seen there is undone, but requests in between
-      may have seen it (the window: at most `sweep_every` requests); it is blamed on a scenario only when
-      that one alone ran since its part was last checked, and the namespace is checked at every check
-      from then on.
+      another scenario's call: the pool fails its episodes as infrastructure errors). Any of these moving
+      triggers the whole process-state check below at once.
+    - At every check, 1/`sweep_every` of all other shared namespaces (every module loaded, every class defined
+      in one: ~4,300 in a worker); every `sweep_every` requests, and before and after every load, all of them
+      plus the locale, every signal handler, all interval timers, the signal mask, import hooks, `sys.path`,
+      the switch interval, rlimits, cwd and umask, and every `sys.modules` entry. After a load that brought
+      new library modules, they are looked into (`_planted`) before they join the baseline: a scenario whose
+      import patched a library module it was the first to load is refused. A change seen there is undone, but
+      requests in between may have seen it (the window: at most `sweep_every` requests); it is blamed on a
+      scenario only when that one alone ran since its part was last checked, and the namespace is checked at
+      every check from then on.
     - Never allowed (refused when tried, by an audit hook): setting rlimits, trace and profile functions,
       audit hooks, sub-interpreters, and changing a shared function's `__code__`, `__defaults__` or
       `__kwdefaults__`.
 
     Not caught: changes made through `ctypes` or other native code (which can write any memory of the
-    process), code that deliberately targets the guard itself (its module, its objects reached through
-    frames or the garbage collector), in-place changes to library objects other than the registries above
-    (an SQLAlchemy event listener on a shared class, a cache's contents), the state of `random` and of
-    `decimal`'s context. The complete answer to these is a worker per scenario.
+    process), code that deliberately targets the guard itself (its module, its objects reached through frames
+    or the garbage collector), in-place changes to library objects other than the registries above (an
+    SQLAlchemy event listener on a shared class, a cache's contents), the state of `random` and of `decimal`'s
+    context, a library module first loaded by a scenario and patched with another library's value rather than
+    generated code's (`_planted`), a task of a call that ignores its cancellation. The complete answer to
+    these is a worker per scenario.
     """
 
     def __init__(self, environ: dict[str, str] | None = None, sweep_every: int = 1024) -> None:
@@ -428,6 +540,9 @@ class ProcessGuard:
         self._env_tag = self._env.tag()
         self._lists_len = (len(warnings.filters), len(gc.callbacks))
         self._modules_seen = _library_modules()
+        self._module_entries = {n: m for n, m in sys.modules.items() if not n.startswith(ENV_MODULE_PREFIX)}
+        self._modules_tag_of = _sys_modules_tag()
+        self._modules_tag = self._modules_tag_of()
         self._last: str | None = None  # the scenario whose request ran last: a check is due when another's comes
 
     @staticmethod
@@ -540,6 +655,8 @@ class ProcessGuard:
         if self._tried:
             now += [f"tried {e}" for e in self._tried]
             self._tried.clear()
+        if full or self._modules_tag_of() != self._modules_tag:
+            now += self._check_modules()
         tags = self._hot_reader.read()
         if tags != self._hot_tags:
             now += self._settle(self.hot, self._hot_tags, tags)
@@ -561,6 +678,31 @@ class ProcessGuard:
                 self._cold_tags[i] = self._cold_readers[i].read()
             self._cold_checked[i] = self.requests
         return now, later
+
+    def _check_modules(self) -> list[str]:
+        """`sys.modules` changed: put back every library module's entry that was replaced or deleted (an
+        import would hand another scenario the replacement), and look into each library module new since
+        the last check (`_planted`): one generated code patched is dropped from `sys.modules` (and from its
+        package), so that the next import loads a clean copy, and never joins the baseline."""
+        mods, entries, changed = sys.modules, self._module_entries, []
+        for name, module in entries.items():
+            if mods.get(name, _MISSING) is not module:
+                changed.append(f"sys.modules[{name!r}]")
+                mods[name] = module
+        for name in [n for n in mods if n not in entries and not n.startswith(ENV_MODULE_PREFIX)]:
+            module = mods[name]
+            planted = _planted(name, module)
+            if not planted:
+                entries[name] = module
+                continue
+            changed += planted
+            del mods[name]
+            parent, _, child = name.rpartition(".")
+            package = mods.get(parent)
+            if parent and type(package) is types.ModuleType and vars(package).get(child) is module:
+                del vars(package)[child]
+        self._modules_tag = self._modules_tag_of()
+        return changed
 
     def _promote(self, part: int) -> None:
         """Check the namespaces of a cold part that changed after every request from now on: a scenario that

@@ -273,10 +273,12 @@ class WorkerPool:
         self._loop.create_task(self._connect(slot, slot.generation, parent_sock, slot.proc.stdout))
 
     async def _connect(self, slot: WorkerSlot, generation: int, sock: socket.socket, output: Any) -> None:
-        try:
-            log_transport, _ = await self._loop.connect_read_pipe(lambda: _WorkerOutput(slot.index), output)
-        except (OSError, ValueError):  # the worker is gone already (or closed with the pool)
-            log_transport = None
+        log_transport = None
+        if not output.closed:  # closed with the pool before this ran: a transport on it would fail half-built
+            try:
+                log_transport, _ = await self._loop.connect_read_pipe(lambda: _WorkerOutput(slot.index), output)
+            except (OSError, ValueError):  # the worker is gone already
+                log_transport = None
         transport, _ = await self._loop.connect_accepted_socket(
             lambda: _WorkerProtocol(self, slot, generation), sock=sock)
         if slot.generation != generation:
@@ -498,6 +500,11 @@ class WorkerPool:
                 _fire_and_forget(self.submit(slot, "unload", {"scenario": name}, 30.0))
 
     # ---- lifecycle -------------------------------------------------------------------
+    def kill_worker(self, slot: WorkerSlot, reason: str) -> None:
+        """Kill `slot`'s worker now (what it sent shows generated code wrote in its name) and replace it; its
+        requests and episodes fail as infrastructure errors."""
+        self._on_death(slot, slot.generation, reason)
+
     def crash_worker(self, index: int) -> None:
         """Test hook: make a worker die abruptly."""
         _fire_and_forget(self.submit(self.slots[index], "crash", {}, 5.0))

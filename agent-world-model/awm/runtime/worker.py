@@ -41,7 +41,13 @@ from awm.lockdown import Lockdown
 from awm.runtime import wire
 from awm.runtime.deadline import CallDeadline
 from awm.runtime.envapp import EpisodeDB, EpisodeRouter, LoadedEnv, call_tool, load_env, unload_env
-from awm.runtime.isolation import ProcessGuard, cancel_new_tasks, route_sqlite_connect
+from awm.runtime.isolation import (
+    ProcessGuard,
+    cancel_new_handles,
+    cancel_new_tasks,
+    loop_handles,
+    route_sqlite_connect,
+)
 
 log = logging.getLogger("awm.runtime.worker")
 _TIMER_SIGNALS = (signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF)
@@ -147,12 +153,14 @@ class Worker:
     async def op_call(self, p: dict) -> dict:
         scenario, db = self._episode(p["episode"])
         env = self.private.get(p["episode"]) or self.envs[scenario]
-        before = asyncio.all_tasks()
+        before, loop = asyncio.all_tasks(), asyncio.get_running_loop()
+        handles = loop_handles(loop)
         try:
             with self.deadline.running(p.get("soft_timeout_s")):
                 obs = await call_tool(env, self.router, db, p["tool"], p.get("arguments"))
         finally:
             cancel_new_tasks(before)  # a task left running would write during another episode's call
+            cancel_new_handles(loop, handles)  # so would a callback left scheduled (call_later, add_reader)
         return obs.to_dict()
 
     def op_restore(self, p: dict) -> dict:
