@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from awm.sandbox import nested_deeper
+
 LIST_TOOLS, CALL_TOOL = "list_tools", "call_tool"
 
 _THINK_END = "</think>"
@@ -104,26 +106,12 @@ def split_thinking(text: str) -> tuple[str, str]:
     return text[: cut + len(_THINK_END)], text[cut + len(_THINK_END):]
 
 
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether `value` (parsed JSON) nests deeper than `limit` containers; iterative (no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
-
-
 def _uncarried(text: str, value: Any) -> str | None:
     """Why JSON `value` parsed from `text` cannot be run (too deep, a lone surrogate), or None.
 
     The scans run only when `text` could hold such a value (more brackets than the depth limit, a
     surrogate escape), so a typical call pays two `str.count`s and one regex search."""
-    if text.count("[") + text.count("{") > MAX_ARGUMENT_DEPTH and _depth_over(value, MAX_ARGUMENT_DEPTH):
+    if text.count("[") + text.count("{") > MAX_ARGUMENT_DEPTH and nested_deeper(value, MAX_ARGUMENT_DEPTH):
         return f"the JSON nests deeper than {MAX_ARGUMENT_DEPTH} levels"
     if _SURROGATE_HINT.search(text):
         try:

@@ -497,8 +497,10 @@ def request_payload(request: dict[str, Any], fields: dict[str, Any], reqdir: str
     return (json.dumps({**request, **fields, "dir": reqdir, "initial": initial, "final": final}) + "\n").encode()
 
 
-def _nested_deeper(value: Any, limit: int) -> bool:
-    """Whether parsed JSON nests containers more than `limit` deep (walked without recursion)."""
+def nested_deeper(value: Any, limit: int) -> bool:
+    """Whether parsed JSON `value` nests containers more than `limit` deep; walked without recursion, so hostile
+    nesting cannot raise RecursionError in its reader (verifier results here, model arguments in
+    `awm_grpo.protocol`). Here, not in `awm.runtime.wire`: this file also runs alone, with the stdlib only."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -507,7 +509,7 @@ def _nested_deeper(value: Any, limit: int) -> bool:
             continue
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in children)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return False
 
 
@@ -525,7 +527,7 @@ def _reply_from_output(output: bytes) -> dict[str, Any] | None:
         message = None
         deep = True
     else:
-        deep = _nested_deeper(message, _MAX_RESULT_DEPTH)
+        deep = nested_deeper(message, _MAX_RESULT_DEPTH)
     if deep:
         return {"status": "error", "detail": f"verifier result message nests deeper than {_MAX_RESULT_DEPTH} "
                                              "levels (not one the sandbox writes): counted as a verifier crash"}
