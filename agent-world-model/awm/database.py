@@ -539,17 +539,27 @@ class TemplateStore:
 
     def _get_or_build(self, scenario: str, key: str, db_schema: dict, sample_data: dict | None, clock: str | None,
                       seed: int, rebuild: bool) -> tuple[Path, BuildReport]:
-        db, meta = self.path(scenario, key), self.path(scenario, key).with_suffix(".json")
-        if not rebuild and db.exists() and meta.exists():
-            try:
-                data = json.loads(meta.read_text())
-                data["failed"] = [tuple(f) for f in data["failed"]]
-                return db, BuildReport(**data)
-            except (ValueError, TypeError, KeyError):
-                log.warning("rebuilding %s: unreadable build report", db)
+        db = self.path(scenario, key)
+        cached = None if rebuild else self._cached(db)
+        if cached is not None:
+            return db, cached
         report = build_db(db, db_schema, sample_data, scenario=scenario, clock=clock, seed=seed)
         self.save_report(report)
         return db, report
+
+    @staticmethod
+    def _cached(db: Path) -> BuildReport | None:
+        """The build report of a template built before (None: not built, or its report is unreadable)."""
+        meta = db.with_suffix(".json")
+        if not (db.exists() and meta.exists()):
+            return None
+        try:
+            data = json.loads(meta.read_text())
+            data["failed"] = [tuple(f) for f in data["failed"]]
+            return BuildReport(**data)
+        except (ValueError, TypeError, KeyError):
+            log.warning("rebuilding %s: unreadable build report", db)
+            return None
 
     @staticmethod
     def save_report(report: BuildReport) -> None:
@@ -573,14 +583,9 @@ class TemplateStore:
         with self._guard:
             lock = self._locks.setdefault(path.name, threading.Lock())
         with lock:
-            meta = path.with_suffix(".json")
-            if path.exists() and meta.exists():
-                try:
-                    data = json.loads(meta.read_text())
-                    data["failed"] = [tuple(f) for f in data["failed"]]
-                    return path, BuildReport(**data)
-                except (ValueError, TypeError, KeyError):
-                    log.warning("rebuilding %s: unreadable build report", path)
+            cached = self._cached(path)
+            if cached is not None:
+                return path, cached
             report = _complete(base, path, base_report, statements, sample_data, clock, seed)
             self.save_report(report)
             return path, report
