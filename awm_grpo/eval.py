@@ -139,7 +139,7 @@ def evaluate(opts: argparse.Namespace) -> list[dict[str, Any]]:
         args.calculate_per_token_loss = True  # as the windowed run trained (rollout's check); no loss is computed here
     args.awm_trace_dir = None
     cfg = RolloutConfig.from_args(args)
-    GenerateState.reset()
+    GenerateState.clear_instances()
     try:
         if opts.openai_base_url is not None:
             return asyncio.run(_run_chat(cfg, opts, records))

@@ -51,7 +51,7 @@ from awm_grpo import drift_check, protocol
 from awm_grpo.chat import ChatEncoder
 from awm_grpo.env_client import EnvConfig, EnvInfraError, EnvSession, ToolResult, open_env
 from awm_grpo.traces import write_trace
-from slime.rollout.sglang_rollout import GenerateState, count_generate_request, get_model_url
+from slime.rollout.sglang_rollout import GenerateState, count_generate_request, engine_url
 from slime.utils.fd_limit import raise_open_file_limit
 from slime.utils.http_utils import post
 from slime.utils.types import Sample
@@ -270,7 +270,7 @@ Policy = Callable[[list[int], dict[str, Any]], Awaitable[dict[str, Any]]]
 
 def engine_policy(args: argparse.Namespace, sample: Sample) -> Policy:
     """The rollout engine (SGLang, or the CPU engine) behind slime's router address."""
-    url = f"{get_model_url(args, sample)}/generate"
+    url = f"{engine_url(args, sample)}/generate"
 
     async def turn(input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
         count_generate_request(args)
@@ -283,7 +283,12 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
                    evaluation: bool = False) -> Sample:
     """slime custom generate function: one episode with the rollout engine as the policy.
 
-    Returns the episode's sample, or (sliding window only) it followed by the windowed turns' samples."""
+    Returns the episode's sample, or (sliding window only) it followed by the windowed turns' samples.
+    `--partial-rollout` is refused: an episode's database and tool history live only while it plays, so a
+    half-played episode cannot be continued in a later step."""
+    if getattr(args, "partial_rollout", False):
+        raise NotImplementedError("--partial-rollout cannot continue AWM episodes (the environment's state ends "
+                                  "with the step); drop the flag: aborted episodes are replayed from their prompt")
     segments: list[Sample] = []
     out = await play(args, sample, sampling_params, engine_policy(args, sample), evaluation=evaluation,
                      segments=None if evaluation else segments)

@@ -64,7 +64,7 @@ def worker(o: argparse.Namespace) -> None:
 
 
 def _run_group(pythonpath: Path, args: list[str], world: int, out: Path) -> float:
-    from slime.utils.ports import free_port
+    from slime.utils.misc import free_port
 
     port = str(free_port("127.0.0.1"))
     env = dict(os.environ, PYTHONPATH=str(pythonpath), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",

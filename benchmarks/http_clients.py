@@ -21,7 +21,7 @@ import aiohttp
 import httpx
 import httpx2
 
-from slime.utils.ports import free_port
+from slime.utils.misc import free_port
 
 SERVER = """
 import asyncio, sys

@@ -29,14 +29,14 @@ from typing import Any
 from awm_grpo import env_client
 from awm_grpo.loadtest.harness import ScriptedStack, rollout_args, write_inputs
 from slime.rollout.data_source import RolloutDataSource, load_prompts
-from slime.rollout.sglang_rollout import GenerateState, generate_rollout
+from slime.rollout.sglang_rollout import GenerateState, play_rollout
 
 FILTER = "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
 
 
 def load_rollout_fn(path: str | None) -> Any:
     if path is None:
-        return generate_rollout
+        return play_rollout
     spec = importlib.util.spec_from_file_location("rollout_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -50,7 +50,7 @@ def ended_episodes(trace_dir: Path) -> int:
 
 
 async def run_steps(fn: Any, args: argparse.Namespace, steps: int, warmup_groups: int) -> list[dict[str, float]]:
-    GenerateState.reset()
+    GenerateState.clear_instances()
     source = RolloutDataSource(load_prompts(args, args.prompt_data, GenerateState(args).tokenizer),
                                args.n_samples_per_prompt, shuffle=True, seed=0)
     trace_dir = Path(args.awm_trace_dir)

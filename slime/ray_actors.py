@@ -25,7 +25,7 @@ from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.engine.pool import EngineActor, EnginePool, EngineStartError, quiet_transformers
-from slime.utils.ports import free_port
+from slime.utils.misc import free_port
 
 __all__ = ["EngineActor", "EnginePool", "EngineStartError", "Placement", "TrainActor", "create_placement",
            "init_ray"]

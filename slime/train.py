@@ -39,7 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,17 +47,17 @@ from typing import Any
 from tqdm import tqdm
 
 from slime.algorithms.estimators import Advantages, build_train_batch, ppo_advantages
-from slime.arguments import parse_args
+from slime.arguments import DEFAULT_DATA_SOURCE, parse_args
 from slime.backends.checkpoint import LATEST_FILE, CheckpointSaveError, failure_message
-from slime.rollout.base_types import call_rollout_fn
+from slime.rollout.base_types import call_rollout_fn, expect_output
 from slime.rollout.data_source import RolloutDataSourceWithBuffer, load_prompts
-from slime.rollout.rm_hub import check_reward
-from slime.rollout.sglang_rollout import eval_metrics, eval_prompts, generate_rollout
+from slime.rollout.rm_hub import check_reward, reward_number
+from slime.rollout.sglang_rollout import GenerateState, eval_metrics, eval_prompts
 from slime.utils.fd_limit import raise_open_file_limit
 from slime.utils.http_utils import close_shared_client
 from slime.utils.log_hooks import call_log_hook
 from slime.utils.metrics import MetricsWriter, TensorBoardWriter
-from slime.utils.plugins import load_function
+from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 __all__ = ["MetricsWriter", "Run", "StepBatch", "TensorBoardWriter", "build_train_batch", "main"]
@@ -111,16 +111,19 @@ class Run:
 
         self.args = args
         self.ray_actors = ray_actors
-        tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
-        self.prompts = load_prompts(args, args.prompt_data, tokenizer)
         for path in args.eval_datasets.values():
             eval_prompts(args, path)  # fail early on a bad eval file
-        self.data_source = RolloutDataSourceWithBuffer(
-            self.prompts, args.n_samples_per_prompt, args=args, shuffle=args.rollout_shuffle,
-            seed=args.rollout_seed, save_dir=args.save, load_dir=args.load,
-        )
+        if args.data_source_path == DEFAULT_DATA_SOURCE:
+            tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+            prompts = load_prompts(args, args.prompt_data, tokenizer) if args.rollout_global_dataset else []
+            self.data_source = RolloutDataSourceWithBuffer(
+                prompts, args.n_samples_per_prompt, args=args, shuffle=args.rollout_shuffle,
+                seed=args.rollout_seed, save_dir=args.save, load_dir=args.load,
+            )
+        else:  # upstream's --data-source-path: a class built from args; checkpointed by its own save/load
+            self.data_source = load_function(args.data_source_path)(args)
         if args.num_rollout is None:
-            args.num_rollout = args.num_epoch * len(self.prompts) // args.rollout_batch_size
+            args.num_rollout = args.num_epoch * len(self.data_source) // args.rollout_batch_size
         self._tmp = None
         weights_root = args.update_weight_disk_dir or (str(Path(args.save) / "weights") if args.save else None)
         if weights_root is None:
@@ -144,6 +147,7 @@ class Run:
         placement = self.ray_actors.create_placement(args)
         self.engines = self.ray_actors.EnginePool(args, placement)
         await self.engines.start()
+        GenerateState(args).engine_check = self._engine_check_for(asyncio.get_running_loop())
         if args.offload_rollout:
             await self.engines.release_memory()
         self.trainer = self.ray_actors.TrainActor.options(**placement.options(placement.train_bundle, "train")).remote(
@@ -160,7 +164,9 @@ class Run:
             if self.critic is not None:
                 await self.critic.load.remote(args.load, int(loaded["iteration"]))
             state = loaded["data_state"]
-            if "data_source" in state:  # checkpoints written before the data-source file existed
+            if not isinstance(self.data_source, RolloutDataSourceWithBuffer):
+                self.data_source.load(int(loaded["iteration"]))
+            elif "data_source" in state:  # checkpoints written before the data-source file existed
                 self.data_source.load_state(state["data_source"])
             else:
                 self.data_source.load(int(loaded["iteration"]))
@@ -174,6 +180,15 @@ class Run:
         await self.sync_weights(start)  # engines serve the trainer's weights from the first step
         await self.hand_gpu_to_engines()  # the first rollout has the GPU
         return start
+
+    def _engine_check_for(self, loop: asyncio.AbstractEventLoop) -> Callable[[list[BaseException]], Awaitable[None]]:
+        """The engine health check for the default rollout, which runs on the rollout loop
+        (`slime.utils.async_utils`): the check itself runs on this loop, where the engine pool lives."""
+
+        async def check(errors: list[BaseException]) -> None:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.engines.ensure_healthy(errors), loop))
+
+        return check
 
     async def sync_weights(self, version: int) -> None:
         """--update-weight-transport disk (HF safetensors the engines load; old folder dropped), tensor or nccl
@@ -192,9 +207,10 @@ class Run:
         """`--eval-function-path` (default: the rollout function) with evaluation=True, then the eval hook."""
         args = self.args
         await self.engines.ensure_healthy()
-        fn = load_function(args.eval_function_path or args.rollout_function_path)
+        path = args.eval_function_path or args.rollout_function_path
         started = time.perf_counter()
-        out = await call_rollout_fn(fn, args, step, self.data_source, evaluation=True)
+        out = expect_output(await asyncio.to_thread(call_rollout_fn, load_function(path), args, step, self.data_source,
+                                                    evaluation=True), evaluation=True, path=path)
         own = eval_metrics(args, out.data)
         metrics: dict[str, Any] = {**own, **(out.metrics or {})}
         path = args.custom_eval_rollout_log_function_path
@@ -238,10 +254,11 @@ class Run:
         stop_watch = asyncio.Event()
         watchdog = asyncio.create_task(self.engines.watch(args.rollout_health_check_interval, stop_watch))
         rollout_fn = load_function(args.rollout_function_path)
-        extra = {"on_failure": self.engines.ensure_healthy} if rollout_fn is generate_rollout else {}
         started = time.perf_counter()
-        try:
-            result = await call_rollout_fn(rollout_fn, args, rollout_id, self.data_source, evaluation=False, **extra)
+        try:  # a plain function, as upstream's: run in a thread while this loop keeps the watchdog going
+            result = expect_output(await asyncio.to_thread(call_rollout_fn, rollout_fn, args, rollout_id,
+                                                           self.data_source, evaluation=False),
+                                   evaluation=False, path=args.rollout_function_path)
         finally:
             stop_watch.set()
             await watchdog  # a restart it began belongs to this step
@@ -251,7 +268,7 @@ class Run:
         scored = [s for s in flat if s.reward is not None]
         for s in scored:  # whatever rollout function made them: a NaN or string never reaches the advantages
             check_reward(args, s, s.reward)
-        rewards = [float(s.get_reward_value(args)) for s in scored]
+        rewards = [r for r in (reward_number(args, s) for s in scored) if r is not None]  # OPD: dicts left out
         reward = sum(rewards) / len(rewards) if rewards else math.nan
         metrics.setdefault("rollout/raw_reward", reward)
         metrics["rollout/engine_restarts"] = float(self.engines.restarts - restarts_before)
@@ -326,7 +343,10 @@ class Run:
         if args.save and args.save_interval and ((rollout_id + 1) % args.save_interval == 0 or last):
             try:
                 what = "the data position (rollout/)"
-                self.data_source.save(rollout_id, state=next_data_state if in_flight is not None else None)
+                if isinstance(self.data_source, RolloutDataSourceWithBuffer):
+                    self.data_source.save(rollout_id, state=next_data_state if in_flight is not None else None)
+                else:
+                    self.data_source.save(rollout_id)
                 if self.critic is not None:
                     what = "the critic (critic/)"
                     await self.critic.save.remote(args.save, rollout_id)

@@ -31,7 +31,7 @@ from awm_grpo.traces import log_rollout
 from slime.arguments import parse_args
 from slime.engine.router_process import RouterProcess
 from slime.rollout.data_source import RolloutDataSource, load_prompts
-from slime.rollout.sglang_rollout import GenerateState, generate_rollout
+from slime.rollout.sglang_rollout import GenerateState, play_rollout
 
 
 def write_inputs(data_dir: str | None, out: Path, turns: int | None = None) -> tuple[Path, Path, int]:
@@ -190,7 +190,7 @@ class StepResult:
 async def play_step(args: argparse.Namespace, warmup_groups: int = 0) -> StepResult:
     """Run slime's rollout function for one step (after `warmup_groups` groups that start the workers and
     load the scenarios), write its traces, and close the environment runtime."""
-    GenerateState.reset()
+    GenerateState.clear_instances()
     source = RolloutDataSource(load_prompts(args, args.prompt_data, GenerateState(args).tokenizer),
                                args.n_samples_per_prompt, shuffle=True, seed=0)
     phases: dict[str, float] = {}
@@ -205,12 +205,12 @@ async def play_step(args: argparse.Namespace, warmup_groups: int = 0) -> StepRes
         batch = args.rollout_batch_size, args.over_sampling_batch_size
         args.rollout_batch_size = args.over_sampling_batch_size = warmup_groups
         try:
-            await generate_rollout(args, -1, source, on_failure=note)
+            await play_rollout(args, -1, source, on_failure=note)
         finally:
             args.rollout_batch_size, args.over_sampling_batch_size = batch
         phases["warmup_s"], cpu["warmup_s"] = time.perf_counter() - started, time.process_time() - cpu_started
         started, cpu_started = time.perf_counter(), time.process_time()
-    out = await generate_rollout(args, 0, source, on_failure=note)
+    out = await play_rollout(args, 0, source, on_failure=note)
     phases["rollout_s"], cpu["rollout_s"] = time.perf_counter() - started, time.process_time() - cpu_started
     spans = {"rollout_s": (started, started + phases["rollout_s"])}
     started, cpu_started = time.perf_counter(), time.process_time()

@@ -11,7 +11,9 @@
 | ppo | GAE over critic values (slime/critic.py): delta_t = rew_t + gamma V_{t+1} - V_t, A_t = sum_k (gamma lambd)^k delta_{t+k}, R_t = A_t + V_t | ppo clip (+ value loss for the critic) |
 
 `--disable-rewards-normalization` uses raw rewards instead of the group-centred ones (grpo, gspo,
-cispo, reinforce_plus_plus_baseline, as slime). `--normalize-advantages` whitens the result over all
+cispo, reinforce_plus_plus_baseline, as slime). `--custom-reward-post-process-path` (upstream's hook,
+`fn(args, samples) -> (raw_rewards, rewards)`) replaces that normalisation: its `rewards` are used as
+they are (`post_processed_rewards`). `--normalize-advantages` whitens the result over all
 loss-mask tokens of the step: A <- (A - mu) / sqrt(var + 1e-8) (the REINFORCE++ family always does).
 Groups are the samples sharing `group_index`; ABORTED / FAILED samples get advantage 0 and stay out
 of every statistic (group mean and std, whitening). The KL-in-reward term of REINFORCE++
@@ -42,7 +44,7 @@ from slime.algorithms.advantages import (
     to_token_advantages,
     token_rewards,
 )
-from slime.utils.plugins import load_function
+from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 Advantages = list[float | list[float]]
@@ -100,13 +102,21 @@ def ppo_advantages(
     return [a for a, _ in rows], [r for _, r in rows], valid.tolist()
 
 
-def builtin_advantages(args: argparse.Namespace, samples: Sequence[Sample]) -> Advantages:
-    """Advantages of `--advantage-estimator` for `samples` (see the module docstring)."""
+def builtin_advantages(
+    args: argparse.Namespace, samples: Sequence[Sample], rewards: Sequence[float] | None = None
+) -> Advantages:
+    """Advantages of `--advantage-estimator` for `samples` (see the module docstring).
+
+    `rewards`: already post-processed rewards (`--custom-reward-post-process-path`), used instead of the
+    samples' own and, like `--disable-rewards-normalization`, not normalised again."""
     estimator = args.advantage_estimator
     policy_loss_type(estimator)  # validates the name
     if estimator == "ppo":
         raise ValueError("ppo advantages need the critic's values: use ppo_advantages(args, samples, values)")
-    rewards = torch.tensor([float(s.get_reward_value(args)) for s in samples], dtype=torch.float64)
+    normalized = rewards is not None or args.disable_rewards_normalization
+    if rewards is None:
+        rewards = [float(s.get_reward_value(args)) for s in samples]
+    rewards = torch.tensor(list(rewards), dtype=torch.float64)
     valid = _valid(samples)
     group_index = torch.tensor([s.group_index if s.group_index is not None else -1 - i for i, s in enumerate(samples)])
     raw = torch.where(valid, rewards, 0.0)
@@ -114,7 +124,7 @@ def builtin_advantages(args: argparse.Namespace, samples: Sequence[Sample]) -> A
     per_token: torch.Tensor | None = None
     mask = _padded_mask(samples) & valid[:, None]
     if estimator in GROUP_NORMALIZED:
-        if args.disable_rewards_normalization:
+        if normalized:
             per_sample = raw
         else:
             std_normalize = not args.disable_grpo_std_normalization and args.n_samples_per_prompt > 1
@@ -123,7 +133,7 @@ def builtin_advantages(args: argparse.Namespace, samples: Sequence[Sample]) -> A
         per_sample = rloo_advantages(rewards, group_index, valid=valid)
     elif estimator == "reinforce_plus_plus":
         per_token = reinforce_pp_advantages(rewards, mask, gamma=args.gamma, valid=valid)
-    elif args.disable_rewards_normalization:  # reinforce_plus_plus_baseline on raw rewards
+    elif normalized:  # reinforce_plus_plus_baseline on raw (or post-processed) rewards
         per_token = masked_whiten(to_token_advantages(raw, mask), mask)
     else:
         per_token = reinforce_pp_baseline_advantages(rewards, group_index, mask, valid=valid)
@@ -179,9 +189,33 @@ def build_train_batch(
     for s in samples:
         if s.remove_sample:
             s.loss_mask = [0] * s.response_length
+    if not getattr(args, "compute_advantages_and_returns", True):  # --disable-compute-advantages-and-returns
+        return samples, [0.0] * len(samples)
     path = getattr(args, "custom_advantage_function_path", None)
     if path:
         return samples, _check_custom(load_function(path)(args, samples), samples, path)
     if args.advantage_estimator == "ppo":
         return samples, None
+    path = getattr(args, "custom_reward_post_process_path", None)
+    if path:
+        return samples, builtin_advantages(args, samples, rewards=post_processed_rewards(args, samples, path))
     return samples, builtin_advantages(args, samples)
+
+
+def post_processed_rewards(args: argparse.Namespace, samples: Sequence[Sample], path: str) -> list[float]:
+    """`--custom-reward-post-process-path` (upstream's hook): `fn(args, samples) -> (raw_rewards, rewards)`.
+
+    Upstream's default post-process is the group normalisation itself, so the hook's `rewards` take the
+    place of the normalised rewards: grpo/gspo/cispo use them as the advantage, reinforce_plus_plus_baseline
+    whitens them, rloo and reinforce_plus_plus start from them (`builtin_advantages(..., rewards=)`)."""
+    out = load_function(path)(args, list(samples))
+    if not isinstance(out, tuple | list) or len(out) != 2:
+        raise ValueError(f"{path} returned {type(out).__name__}; return (raw_rewards, rewards), one list each")
+    rewards = out[1].tolist() if isinstance(out[1], torch.Tensor) else out[1]
+    if not isinstance(rewards, list | tuple) or len(rewards) != len(samples):
+        raise ValueError(f"{path} returned {len(rewards) if isinstance(rewards, list | tuple) else rewards!r} "
+                         f"rewards for {len(samples)} samples: return one per sample, in order")
+    values = [float(r) for r in rewards]
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{path} returned a reward that is not finite: {rewards!r}")
+    return values

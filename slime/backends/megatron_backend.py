@@ -37,7 +37,7 @@ from slime.backends.megatron_convert import (
     transformer_config_kwargs,
 )
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
-from slime.utils.ports import free_port
+from slime.utils.misc import free_port
 
 
 def require_megatron() -> None:

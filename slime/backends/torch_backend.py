@@ -139,7 +139,8 @@ class TorchTrainer:
 
     def _empty_batch(self) -> MicroBatch:
         """A one-token micro-batch with loss mask 0: a forward/backward that changes nothing."""
-        filler = Sample(tokens=[self.pad_token_id] * 2, response_length=1, loss_mask=[0])
+        # rollout log-probs too, so that a TIS loss (which needs them) runs on it as well
+        filler = Sample(tokens=[self.pad_token_id] * 2, response_length=1, loss_mask=[0], rollout_log_probs=[0.0])
         return pack_micro_batch([filler], [0], advantages=[[0.0]], pad_token_id=self.pad_token_id)
 
     @torch.no_grad()
@@ -254,6 +255,7 @@ class TorchTrainer:
                     lp, old, mb.advantages, mb.loss_mask, config,
                     ref_log_probs=self._per_token(mb, filler, ref_log_probs),
                     rollout_log_probs=mb.rollout_log_probs, entropy=entropy, divisor=divisor,
+                    response_lengths=mb.response_lengths, total_lengths=mb.attention_mask.sum(dim=1).tolist(),
                 )
             if loss.requires_grad:
                 loss.backward()
@@ -289,8 +291,12 @@ class TorchTrainer:
         return result
 
     def skips_zero_advantage(self, config: PolicyLossConfig) -> bool:
-        """Whether `train_step` leaves zero-advantage samples out (exact only without entropy / KL terms)."""
-        return self.config.skip_zero_advantage and config.entropy_coef == 0.0 and config.kl_loss_coef == 0.0
+        """Whether `train_step` leaves zero-advantage samples out (exact only without entropy / KL terms).
+
+        Never with a custom TIS function: it sees every sample of the micro-batch, as in slime (its batch
+        statistics, e.g. a batch-normalised weight, and its metrics cover them all)."""
+        return (self.config.skip_zero_advantage and config.entropy_coef == 0.0 and config.kl_loss_coef == 0.0
+                and config.custom_tis_function is None)
 
     def trained_indices(
         self, samples: Sequence[Sample], advantages: Sequence[float | Sequence[float]], config: PolicyLossConfig

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from slime.algorithms.estimators import policy_loss_type
-from slime.algorithms.losses import PolicyLossConfig
+from slime.algorithms.losses import PolicyLossConfig, opd_token_advantages, tis_options
 from slime.arguments import serving_dtype
 from slime.backends.distributed import init_data_parallel, shard_by_tokens
-from slime.backends.torch_backend import TorchTrainer, TrainerConfig
+from slime.backends.torch_backend import TorchTrainer, TrainerConfig, _sample_token_advantages
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -216,9 +216,7 @@ class TrainWorker:
             kl_loss_coef=args.kl_loss_coef if args.use_kl_loss else 0.0,
             kl_loss_type=args.kl_loss_type,
             use_unbiased_kl=args.use_unbiased_kl,
-            use_tis=args.use_tis,
-            tis_clip_low=args.tis_clip_low,
-            tis_clip=args.tis_clip,
+            **tis_options(args),
         )
 
     def parts(self, samples: Sequence[Sample]) -> list[list[int]]:
@@ -237,7 +235,9 @@ class TrainWorker:
 
         loss_type (default --loss-type): sft_loss = masked NLL, advantages ignored (None allowed);
         policy_loss = old log-probs recomputed once first (unless --use-rollout-logprobs) at
-        --rollout-temperature, then the estimator's policy loss.
+        --rollout-temperature, then the estimator's policy loss. --use-opd: the old (student) log-probs and
+        each sample's `teacher_log_probs` turn every response token's advantage into
+        A - --opd-kl-coef x (student - teacher) (`opd_token_advantages`), before the steps.
         """
         args = self.args
         loss_type = loss_type or getattr(args, "loss_type", "policy_loss")
@@ -249,11 +249,15 @@ class TrainWorker:
         old: dict[int, list[float]] = {}
         config = self.policy_config() if not sft else PolicyLossConfig(
             aggregation="token_mean" if args.calculate_per_token_loss else "sequence_mean")
+        opd = not sft and getattr(args, "use_opd", False)
         if not sft and not args.use_rollout_logprobs:
             started = time.perf_counter()
-            # train_step leaves zero-advantage samples out when it can: they need no old log-probs
-            trained = self.trainer.trained_indices([samples[i] for i in mine], [advantages[i] for i in mine], config)
-            needed = [mine[j] for j in trained]
+            if opd:  # every sample gets the distillation term, a zero-advantage one too
+                needed = list(mine)
+            else:  # train_step leaves zero-advantage samples out when it can: they need no old log-probs
+                trained = self.trainer.trained_indices([samples[i] for i in mine], [advantages[i] for i in mine],
+                                                       config)
+                needed = [mine[j] for j in trained]
             values = self.trainer.compute_log_probs([samples[i] for i in needed], temperature)
             old = dict(zip(needed, values, strict=True))
             old.update({i: [0.0] * samples[i].response_length for i in mine if i not in old})
@@ -267,6 +271,11 @@ class TrainWorker:
             worst = self.trainer.dp.max([max(diffs) if diffs else -1.0])[0]
             if worst >= 0:
                 metrics["train/train_rollout_logprob_abs_diff_max"] = worst
+        if opd:
+            student = {i: samples[i].rollout_log_probs for i in mine} if args.use_rollout_logprobs else old
+            advantages, gap = opd_advantages(args, samples, mine, advantages, student)
+            totals = self.trainer.dp.sum([gap, float(len(mine))])
+            metrics["train/opd_reverse_kl"] = totals[0] / max(totals[1], 1.0)
         per_step = []
         for part in parts:
             per_step.append(self.trainer.train_step(
@@ -282,3 +291,36 @@ class TrainWorker:
             values = [m[key] for m in per_step if key in m]
             metrics[f"train/{key}"] = sum(values) / len(values)
         return metrics
+
+
+def opd_advantages(
+    args: argparse.Namespace, samples: Sequence[Sample], indices: Sequence[int], advantages: Sequence[Any],
+    student: dict[int, Sequence[float] | None],
+) -> tuple[list[Any], float]:
+    """`advantages` with slime's on-policy distillation term on the samples at `indices` (per response token:
+    A - --opd-kl-coef x (student - teacher log-prob)), and the sum over those samples of the loss-masked
+    mean of student - teacher (slime's opd_reverse_kl metric, a mean over samples once divided)."""
+    out = list(advantages)
+    coef = getattr(args, "opd_kl_coef", 1.0)
+    gap_sum = 0.0
+    for i in indices:
+        sample = samples[i]
+        teacher = sample.teacher_log_probs
+        if teacher is None:
+            raise ValueError(
+                f"--use-opd: sample {sample.index} has no teacher_log_probs. With --opd-type sglang the rollout sets "
+                "them: pass --custom-rm-path slime.rollout.on_policy_distillation.reward_func, "
+                "--custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards and "
+                "--rm-url http://TEACHER:PORT/generate")
+        if student.get(i) is None:
+            raise ValueError(f"--use-opd with --use-rollout-logprobs: sample {sample.index} has no rollout_log_probs")
+        teacher = teacher.tolist() if isinstance(teacher, torch.Tensor) else list(teacher)
+        if len(teacher) != sample.response_length:
+            raise ValueError(f"--use-opd: sample {sample.index} has {len(teacher)} teacher_log_probs for its "
+                             f"{sample.response_length} response tokens: give one per response token")
+        base = _sample_token_advantages(sample, out[i])
+        out[i], gaps = opd_token_advantages(base, student[i], teacher, coef)
+        mask = sample.loss_mask if sample.loss_mask is not None else [1] * len(gaps)
+        kept = [g for g, m in zip(gaps, mask, strict=True) if m]
+        gap_sum += sum(kept) / len(kept) if kept else 0.0
+    return out, gap_sum

@@ -23,6 +23,12 @@ vocabulary, taken before top-k / top-p / min-p truncation (SGLang's default). Gr
 (temperature 0) count as temperature 1 there, as SGLang does. `min_new_tokens` and
 `repetition_penalty` change the logits before that, so with them on the trainer cannot reproduce the
 log-probs; RL rollouts leave them off.
+
+Scoring (SGLang's `logprob_start_len`, what on-policy distillation asks a teacher for): a request
+submitted with `logprob_start_len` k >= 0 is prefilled alone over its whole prompt, never from the
+prefix cache, and its completion carries `input_logprobs` for prompt positions k.. : None at k (SGLang
+leaves the first one unscored), then log_softmax(logits[i-1] / temperature)[prompt[i]] with the same
+temperature rule as sampled tokens. With `max_new_tokens` 0 it finishes there, otherwise it generates on.
 """
 
 from __future__ import annotations
@@ -124,6 +130,7 @@ class Completion:
     weight_version: str
     latency_s: float
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    input_logprobs: list[float | None] | None = None  # prompt[logprob_start_len:] scored; None: not asked
 
 
 @dataclass
@@ -139,6 +146,8 @@ class _Request:
     stop_ids: frozenset[int] = frozenset()
     cached_tokens: int = 0
     kv_version: int = -1  # the weights its KV was computed with (Batcher._version_counter at prefill)
+    score_from: int | None = None  # logprob_start_len: score the prompt from here (see the module docstring)
+    input_logprobs: list[float | None] | None = None
 
 
 class Batcher:
@@ -195,11 +204,17 @@ class Batcher:
     # ----- public, called from any thread -------------------------------------------------------
 
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None
+        self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None, logprob_start_len: int = -1
     ) -> concurrent.futures.Future:
-        """Queue one request; the future resolves to a `Completion` (also when aborted)."""
+        """Queue one request; the future resolves to a `Completion` (also when aborted).
+
+        logprob_start_len: -1 scores no prompt token; k in [0, len(prompt_ids)] scores prompt[k:]."""
         if not prompt_ids:
             raise BadRequestError("input_ids is empty: send at least one prompt token")
+        if (not isinstance(logprob_start_len, int) or isinstance(logprob_start_len, bool)
+                or not -1 <= logprob_start_len <= len(prompt_ids)):
+            raise BadRequestError(f"logprob_start_len={logprob_start_len!r} must be -1 (score no prompt token) or "
+                                  f"an int from 0 to the prompt's {len(prompt_ids)} tokens")
         vocab = self.model.config.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise BadRequestError(f"input_ids must lie in [0, {vocab}) for this model")
@@ -213,6 +228,7 @@ class Batcher:
             generator=torch.Generator().manual_seed(int(seed)),
             future=concurrent.futures.Future(),
             stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos_ids),
+            score_from=logprob_start_len if 0 <= logprob_start_len < len(prompt_ids) else None,
         )
         with self._cond:
             if self._stopping:
@@ -470,6 +486,9 @@ class Batcher:
             new = [self._pending.popleft() for _ in range(min(room, len(self._pending)))]
         misses = []
         for request in new:
+            if request.score_from is not None:
+                self._prefill_scored(request)
+                continue
             if request.params.max_new_tokens == 0:
                 self._finish(request, {"type": "length", "length": 0})
                 continue
@@ -494,6 +513,28 @@ class Batcher:
         request.cached_tokens = hit.n
         request.kv_version = self._version_counter
         self._join([request], out.past_key_values, mask, torch.tensor([total]), out.logits[:, -1, :].float())
+
+    @torch.inference_mode()
+    def _prefill_scored(self, request: _Request) -> None:
+        """Prefill one request over its whole prompt, keeping every position's logits to score
+        prompt[score_from:]; then finish it (max_new_tokens 0) or join the batch."""
+        prompt, start = request.prompt_ids, request.score_from
+        generate = request.params.max_new_tokens > 0
+        # logits of positions start.. only: [n - start, vocab] floats (the whole prompt for OPD's start 0)
+        out = self.model(input_ids=torch.tensor([prompt]), attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+                         past_key_values=DynamicCache(config=self.model.config) if generate else None,
+                         use_cache=generate, logits_to_keep=len(prompt) - start)
+        temperature = 1.0 if request.params.greedy else request.params.temperature
+        # position i-1's logits score token i; the first scored token gets None, as SGLang answers
+        logits = out.logits[0, :-1].float() / temperature
+        targets = torch.tensor(prompt[start + 1:], dtype=torch.long).view(-1, 1)
+        request.input_logprobs = [None, *torch.log_softmax(logits, dim=-1).gather(1, targets).squeeze(1).tolist()]
+        if not generate:
+            self._finish(request, {"type": "length", "length": 0})
+            return
+        request.kv_version = self._version_counter
+        self._join([request], out.past_key_values, torch.ones((1, len(prompt)), dtype=torch.long),
+                   torch.tensor([len(prompt)]), out.logits[:, -1, :].float())
 
     @torch.inference_mode()
     def _prefill(self, requests: list[_Request]) -> None:
@@ -616,6 +657,7 @@ class Batcher:
             weight_version=self.weight_version,
             latency_s=time.perf_counter() - request.created,
             cached_tokens=request.cached_tokens,
+            input_logprobs=request.input_logprobs,
         ))
 
     def _select_rows(self, rows: list[int]) -> None:

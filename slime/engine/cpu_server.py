@@ -7,6 +7,15 @@ SIGTERM / SIGINT (in-flight requests end with finish_reason abort). In-process (
 
     engine = CPUEngine(model_dir); url = engine.start(); ...; engine.shutdown()
 
+`/generate` reads its body as SGLang's GenerateReqInput does (`GenerateRequest`): `text` (a string or a
+list of strings) or `input_ids` (a list of ids or a list of lists), `sampling_params` / `rid` /
+`return_logprob` / `logprob_start_len` as one value or one per prompt, and `sampling_params.n` (parallel sampling: each
+prompt's `n` results together); one object answers a single prompt, a list anything else. A body of
+another shape is a 400 that says what to send. `input_embeds` and streaming are refused.
+With `return_logprob`, `meta_info` holds `output_token_logprobs` and `input_token_logprobs`: the prompt
+tokens from `logprob_start_len` on (default -1: none) as [logprob, id, text or None], the first logprob
+None, as SGLang answers; a scored prompt is prefilled whole, not from the prefix cache (`batcher.py`).
+
 Batching, sampling and the log-prob definition live in `batcher.py`. Differences from SGLang: the
 prefix cache keeps whole finished sequences, not a radix tree of pages (`prefix_cache.py`;
 `/flush_cache` empties it when nothing runs and answers 503 otherwise, which `http_utils` retries),
@@ -28,7 +37,9 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,13 +55,115 @@ from slime.engine.batcher import BadRequestError, Batcher, Completion, ReleasedE
 logger = logging.getLogger(__name__)
 
 
-def _per_item(value: Any, n: int, name: str, batch: bool) -> list[Any]:
-    """SGLang lets batch fields be one value for all prompts or a list with one value per prompt."""
-    if batch and isinstance(value, list):
+def _is_ids(value: Any) -> bool:
+    """A non-empty list of ints (JSON true/false are not token ids)."""
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in value))
+
+
+def _per_prompt(value: Any, n: int, name: str, batch: bool) -> list[Any]:
+    """A field that is one value for every prompt, or (batches only) a list with one value per prompt."""
+    if isinstance(value, list):
+        if not batch:
+            raise BadRequestError(f"{name} is a list but the request holds one prompt: send one value")
         if len(value) != n:
-            raise BadRequestError(f"{name} has {len(value)} entries for {n} prompts")
+            raise BadRequestError(f"{name} has {len(value)} entries for {n} prompts: send one per prompt")
         return value
     return [value] * n
+
+
+@dataclass
+class GenerateRequest:
+    """A /generate body read as SGLang's GenerateReqInput reads it (normalize_batch_and_arguments).
+
+    `prompts` holds one entry per prompt before the `n` expansion: token ids, or text to tokenise.
+    `batch` is False for a single `text` string or a flat `input_ids` list (the answer is then one
+    object, unless `n` > 1, which SGLang turns into a batch); True for lists of them (a list answer).
+    """
+
+    prompts: list[str | list[int]]
+    batch: bool
+    n: int
+    params: list[dict[str, Any]]
+    rids: list[str | None]
+    return_logprob: list[bool]
+    return_text_in_logprobs: bool
+    logprob_start_len: list[int]
+
+    @classmethod
+    def from_body(cls, body: Any) -> GenerateRequest:
+        """Check the body's shape; a wrong one is a `BadRequestError` (HTTP 400) that says what to send."""
+        if not isinstance(body, dict):
+            raise BadRequestError("the /generate body must be a JSON object (sglang's GenerateReqInput)")
+        if body.get("stream"):
+            raise BadRequestError("stream=true is not supported by the CPU engine: send stream false")
+        if body.get("input_embeds") is not None:
+            raise BadRequestError("input_embeds is not supported by the CPU engine: send text or input_ids")
+        text, ids = body.get("text"), body.get("input_ids")
+        if text is not None and ids is not None:
+            raise BadRequestError("send one of text and input_ids, not both")
+        if text is not None:
+            if isinstance(text, str):
+                prompts, batch = [text], False
+            elif isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+                prompts, batch = list(text), True
+            else:
+                raise BadRequestError("text must be a string or a non-empty list of strings")
+        elif ids is not None:
+            if _is_ids(ids):
+                prompts, batch = [ids], False
+            elif isinstance(ids, list) and ids and all(_is_ids(p) for p in ids):
+                prompts, batch = list(ids), True
+            else:
+                raise BadRequestError("input_ids must be a non-empty list of token ids (ints) or a non-empty "
+                                      "list of such lists")
+        else:
+            raise BadRequestError("send text (a string or a list of strings) or input_ids (a list of ints or a "
+                                  "list of lists)")
+        count = len(prompts)
+        raw_params = body.get("sampling_params")
+        params = _per_prompt({} if raw_params is None else raw_params, count, "sampling_params", batch)
+        if not all(isinstance(p, dict) for p in params):
+            raise BadRequestError("sampling_params must be an object (or, for a batch, a list of objects)")
+        ns = {p.get("n", 1) for p in params}
+        if len(ns) != 1:
+            raise BadRequestError(f"sampling_params ask for different n {sorted(ns)}: n must be the same for all")
+        n = ns.pop()
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise BadRequestError(f"sampling_params.n must be an integer >= 1, got {n!r}")
+        params = [{k: v for k, v in p.items() if k != "n"} for p in params]
+        rid = body.get("rid")
+        if rid is not None and not (isinstance(rid, str) or (isinstance(rid, list) and batch)):
+            raise BadRequestError("rid must be a string (or, for a batch, a list of strings)")
+        if isinstance(rid, list) and n > 1:
+            raise BadRequestError("a list of rids cannot be combined with n > 1: send one rid string or none")
+        if isinstance(rid, str) and (batch or n > 1):
+            rids: list[str | None] = [f"{rid}_{i}" for i in range(count * n)]  # sglang's suffixes
+        elif isinstance(rid, list):
+            if not all(isinstance(r, str) for r in rid):
+                raise BadRequestError("rid must be a string (or, for a batch, a list of strings)")
+            rids = _per_prompt(rid, count, "rid", batch)
+        else:
+            rids = [rid] * (count * n)
+        logprob = body.get("return_logprob")
+        if isinstance(logprob, list) and n > 1:
+            raise BadRequestError("a list of return_logprob cannot be combined with n > 1: send one value")
+        want = [bool(v) for v in _per_prompt(False if logprob is None else logprob, count, "return_logprob", batch)]
+        start = body.get("logprob_start_len")
+        if isinstance(start, list) and n > 1:
+            raise BadRequestError("a list of logprob_start_len cannot be combined with n > 1: send one value")
+        starts = _per_prompt(-1 if start is None else start, count, "logprob_start_len", batch)
+        if not all(isinstance(k, int) and not isinstance(k, bool) and k >= -1 for k in starts):
+            raise BadRequestError(f"logprob_start_len must be an int >= -1 (or, for a batch, a list of them), "
+                                  f"got {start!r}")
+        # sglang ignores logprob_start_len without return_logprob
+        starts = [k if w else -1 for k, w in zip(starts, want, strict=True)]
+        return cls(prompts, batch or n > 1, n, params, rids, want, bool(body.get("return_text_in_logprobs")),
+                   starts)
+
+    def expanded(self) -> list[tuple[int, int]]:
+        """(prompt index, result index) pairs: each prompt's `n` samples together, as SGLang answers."""
+        return [(i, i * self.n + j) for i in range(len(self.prompts)) for j in range(self.n)]
 
 
 def completion_json(
@@ -78,10 +191,13 @@ def completion_json(
         "e2e_latency": completion.latency_s,
     }
     if return_logprob:
-        meta["output_token_logprobs"] = [
-            [lp, tok, tokenizer.decode([tok]) if return_text_in_logprobs else None]
-            for lp, tok in zip(completion.output_logprobs, completion.output_ids, strict=True)
-        ]
+        def entries(logprobs: list[float | None], ids: list[int]) -> list[list[Any]]:
+            return [[lp, tok, tokenizer.decode([tok]) if return_text_in_logprobs else None]
+                    for lp, tok in zip(logprobs, ids, strict=True)]
+
+        scored = completion.input_logprobs or []
+        meta["input_token_logprobs"] = entries(scored, completion.prompt_ids[len(completion.prompt_ids) - len(scored):])
+        meta["output_token_logprobs"] = entries(completion.output_logprobs, completion.output_ids)
     return {"text": text, "output_ids": completion.output_ids, "meta_info": meta}
 
 
@@ -142,33 +258,33 @@ def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
 
     @app.post("/generate")
     async def generate(request: Request) -> JSONResponse:
-        body = await request.json()
-        if body.get("stream"):
-            raise BadRequestError("stream=true is not supported by the CPU engine")
-        if body.get("input_ids") is not None:
-            prompts = body["input_ids"]
-            batch = bool(prompts) and isinstance(prompts[0], list)
-        elif body.get("text") is not None:
-            texts = body["text"]
-            batch = isinstance(texts, list)
-            texts = texts if batch else [texts]
-            prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        else:
-            raise BadRequestError("send input_ids (list of ints or list of lists) or text")
-        prompts = prompts if batch else [prompts]
-        n = len(prompts)
-        params = [SamplingParams.from_dict(p) for p in _per_item(body.get("sampling_params"), n,
-                                                                 "sampling_params", batch)]
-        rids = _per_item(body.get("rid"), n, "rid", batch)
-        want_logprob = _per_item(body.get("return_logprob", False), n, "return_logprob", batch)
-        with_text = bool(body.get("return_text_in_logprobs", False))
-        futures = [batcher.submit(ids, p, rid) for ids, p, rid in zip(prompts, params, rids, strict=True)]
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            raise BadRequestError(f"the /generate body is not JSON: {exc}") from exc
+        req = GenerateRequest.from_body(body)
+        prompt_ids = [p if isinstance(p, list) else tokenizer(p, add_special_tokens=False)["input_ids"]
+                      for p in req.prompts]
+        params = [SamplingParams.from_dict(p) for p in req.params]
+        for i, ids in enumerate(prompt_ids):
+            if not ids:
+                raise BadRequestError(f"prompt {i} tokenises to no tokens: send at least one prompt token")
+        order = req.expanded()
+        rids = [r if r is not None else uuid.uuid4().hex for r in req.rids]
+        futures = []
+        try:
+            for i, k in order:
+                futures.append(batcher.submit(prompt_ids[i], params[i], rids[k], req.logprob_start_len[i]))
+        except Exception:  # a later prompt was refused: the ones already queued must not run unread
+            for _, k in order[:len(futures)]:
+                batcher.abort(rid=rids[k])
+            raise
         completions = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         results = [
-            completion_json(c, p, tokenizer, bool(lp), with_text)
-            for c, p, lp in zip(completions, params, want_logprob, strict=True)
+            completion_json(c, params[i], tokenizer, req.return_logprob[i], req.return_text_in_logprobs)
+            for c, (i, _) in zip(completions, order, strict=True)
         ]
-        return JSONResponse(results if batch else results[0])
+        return JSONResponse(results if req.batch else results[0])
 
     @app.get("/health")
     async def health() -> PlainTextResponse:

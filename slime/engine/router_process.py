@@ -26,7 +26,7 @@ import time
 import httpx
 
 from slime.engine.base import EngineError
-from slime.utils.ports import free_port
+from slime.utils.misc import free_port
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 
 from slime.engine.sglang_engine import SGLangEngine
-from slime.utils.ports import free_port
+from slime.utils.misc import free_port
 
 
 @ray.remote

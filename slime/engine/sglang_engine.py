@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 
 from slime.engine.base import EngineError, RolloutEngine
-from slime.utils.ports import free_port
+from slime.utils.misc import free_port
 
 logger = logging.getLogger(__name__)
 

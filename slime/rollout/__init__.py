@@ -1,7 +1,8 @@
 """slime's rollout package, laid out as slime's import paths (docs/trainer.md, slime's contracts):
 
 - `slime.rollout.sglang_rollout`: `GenerateState`, `generate`, `generate_and_rm`,
-  `generate_and_rm_group`, `generate_rollout` (the default rollout function), `get_model_url`
+  `generate_and_rm_group`, `generate_rollout` (the default rollout function), `get_model_url`; ours:
+  `play_rollout` (its coroutine), `engine_url`, `check_generated`
 - `slime.rollout.base_types`: `RolloutFnTrainOutput`, `RolloutFnEvalOutput`, `call_rollout_fn`
 - `slime.rollout.data_source`: `DataSource`, `RolloutDataSource`, `RolloutDataSourceWithBuffer`, `pop_first`
 - `slime.rollout.filter_hub.base_types.DynamicFilterOutput`,
@@ -29,7 +30,10 @@ from slime.rollout.filter_hub.dynamic_sampling_filters import (
 from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.rollout.sglang_rollout import (
     GenerateState,
+    PluginContractError,
     RolloutFailedError,
+    check_generated,
+    engine_url,
     eval_metrics,
     eval_prompts,
     eval_rollout,
@@ -38,12 +42,14 @@ from slime.rollout.sglang_rollout import (
     generate_and_rm_group,
     generate_rollout,
     get_model_url,
+    play_rollout,
     sampling_params_from_args,
 )
 
 __all__ = [
-    "DataSource", "DynamicFilterOutput", "GenerateState", "Prompt", "PromptDataSource", "RolloutDataSource",
-    "RolloutDataSourceWithBuffer", "RolloutFailedError", "RolloutFnEvalOutput", "RolloutFnTrainOutput",
+    "DataSource", "DynamicFilterOutput", "GenerateState", "PluginContractError", "Prompt", "PromptDataSource",
+    "RolloutDataSource", "RolloutDataSourceWithBuffer", "RolloutFailedError", "check_generated", "engine_url",
+    "play_rollout", "RolloutFnEvalOutput", "RolloutFnTrainOutput",
     "async_rm", "batched_async_rm", "call_rollout_fn", "check_reward_nonzero_std",
     "check_reward_nonzero_std_with_fallback", "eval_metrics", "eval_prompts", "eval_rollout", "generate", "generate_and_rm",
     "generate_and_rm_group", "generate_rollout", "get_model_url", "load_prompts", "pop_first",

@@ -1,6 +1,10 @@
 """Prompt sources: `DataSource` (the interface), `RolloutDataSource` (prompts in a deterministic,
 resumable order), `RolloutDataSourceWithBuffer` (plus put-back groups served first) and `pop_first`,
-the default buffer filter (`fn(args, rollout_id, buffer, num_samples) -> list[list[Sample]]`).
+the default buffer filter (`fn(args, rollout_id, buffer, num_samples) -> list[list[Sample]]`,
+`--buffer-filter-path`).
+
+Both classes are built as slime builds them, from the argument namespace alone (`cls(args)`, what
+`--data-source-path` classes take), or (ours) from prompts already loaded with `load_prompts`.
 
 The prompt order is a permutation per epoch seeded by `--rollout-seed` (identity without
 `--rollout-shuffle`) whose position is a small JSON state saved in checkpoints, so a resumed run
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime.utils.plugins import load_function
+from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -28,49 +32,123 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Prompt:
-    """One dataset row, tokenised once at load time."""
+    """One dataset row, tokenised once at load time when it is text.
+
+    `prompt` is what the row holds under `--input-key` (rendered with the chat template when one is
+    applied): text, chat messages or any other JSON value, as slime's Dataset keeps it. `token_ids`
+    is empty for a prompt that is not text (a generate function reads `sample.prompt` itself then).
+    `label` is the row's `--label-key` value unchanged (a dict stays a dict).
+    """
 
     index: int
-    prompt: str | list[dict[str, Any]]
+    prompt: Any
     token_ids: list[int]
-    label: str | None
+    label: Any
     metadata: dict[str, Any]
 
 
-def load_prompts(args: argparse.Namespace, path: str | Path, tokenizer: Any) -> list[Prompt]:
-    """Read a JSONL prompt file: `--input-key` (text or messages), `--label-key`, `--metadata-key`.
+def _split_row_slice(path: str) -> tuple[str, slice | None]:
+    """slime's `file@[start:end]` spelling: the rows start..end of `file` (Python slice bounds)."""
+    head, sep, tail = path.rpartition("@[")
+    if not sep or not tail.endswith("]") or tail.count(":") != 1:
+        return path, None
+    bounds = tail[:-1].split(":")
+    try:
+        start, stop = (int(b) if b.strip() else None for b in bounds)
+    except ValueError:
+        return path, None
+    return head, slice(start, stop)
 
-    With `--apply-chat-template` messages (or a bare string, as one user turn) are rendered with the
-    tokenizer's template and a generation prompt. Rows over `--rollout-max-prompt-len` are dropped.
+
+def _read_rows(path: str) -> list[tuple[str, Any]]:
+    """(`file:line` for messages, row) of a .jsonl (or .parquet, with pyarrow) prompt file."""
+    real, rows_slice = _split_row_slice(str(path))
+    if not Path(real).is_file():
+        raise FileNotFoundError(f"prompt data {real} does not exist: check --prompt-data / --eval-prompt-data")
+    rows: list[tuple[str, Any]] = []
+    if real.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ValueError(f"{real} is a parquet file, which needs pyarrow (pip install pyarrow); or convert "
+                             "it to JSONL, one JSON object per line") from exc
+        for number, row in enumerate(pq.read_table(real).to_pylist(), 1):
+            rows.append((f"{real} row {number}", row))
+    else:
+        with open(real, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((f"{real}:{number}", json.loads(line)))
+                except ValueError as exc:
+                    raise ValueError(f"{real}:{number} is not a JSON object ({exc}): the prompt file must hold "
+                                     "one JSON object per line") from exc
+    return rows if rows_slice is None else rows[rows_slice]
+
+
+def _row_tools(row: dict[str, Any], tool_key: str | None, where: str) -> list[Any] | None:
+    """The row's tool list under `--tool-key` (a JSON string is parsed), or None when it has none."""
+    if not tool_key or row.get(tool_key) is None:
+        return None
+    tools = row[tool_key]
+    if isinstance(tools, str):
+        tools = json.loads(tools)
+    if not isinstance(tools, list):
+        raise ValueError(f"{where}: {tool_key!r} must be a list of tool schemas, got {type(tools).__name__}")
+    return tools
+
+
+def load_prompts(args: Any, path: str | Path, tokenizer: Any) -> list[Prompt]:
+    """Read a prompt file (JSONL, or parquet with pyarrow; `file@[start:end]` takes a row slice).
+
+    Each row gives `--input-key` (the prompt), `--label-key` (kept as is) and `--metadata-key` (an
+    object, or a JSON string of one). With `--apply-chat-template`, messages (or a bare string, as one
+    user turn) are rendered with the tokenizer's template, the row's `--tool-key` tools and a generation
+    prompt. Without it a string is the prompt text and any other value is kept for the generate function
+    (slime's Dataset does the same; tau-bench's `--input-key index` gives an int). Text prompts over
+    `--rollout-max-prompt-len` tokens are dropped.
     """
     prompts: list[Prompt] = []
     dropped = 0
-    with open(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if args.input_key not in row:
-                raise KeyError(f"{path}:{line_no} has no key {args.input_key!r}: set --input-key")
-            raw = row[args.input_key]
-            if args.apply_chat_template:
-                messages = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
-                text = tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True, **args.apply_chat_template_kwargs
-                )
-            elif isinstance(raw, str):
-                text = raw
-            else:
-                raise ValueError(f"{path}:{line_no}: {args.input_key!r} holds messages; pass --apply-chat-template")
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            if args.rollout_max_prompt_len is not None and len(ids) > args.rollout_max_prompt_len:
-                dropped += 1
-                continue
-            label = row.get(args.label_key) if args.label_key else None
-            metadata = row.get(args.metadata_key) or {}
-            if isinstance(metadata, str):
-                metadata = json.loads(metadata)
-            prompts.append(Prompt(len(prompts), text, ids, None if label is None else str(label), dict(metadata)))
+    input_key, label_key = args.input_key, getattr(args, "label_key", None)
+    metadata_key, tool_key = getattr(args, "metadata_key", "metadata"), getattr(args, "tool_key", None)
+    template = bool(getattr(args, "apply_chat_template", False))
+    max_len = getattr(args, "rollout_max_prompt_len", None)
+    for where, row in _read_rows(str(path)):
+        if not isinstance(row, dict):
+            raise ValueError(f"{where} holds a {type(row).__name__}, not a JSON object with key {input_key!r}")
+        if input_key not in row:
+            raise KeyError(f"{where} has no key {input_key!r} (it has {sorted(row)}): set --input-key")
+        raw = row[input_key]
+        metadata = row.get(metadata_key) or {}
+        if isinstance(metadata, str):
+            metadata = json.loads(metadata)
+        if not isinstance(metadata, dict):
+            raise ValueError(f"{where}: {metadata_key!r} must be an object (or a JSON string of one), "
+                             f"got {type(metadata).__name__}: set --metadata-key")
+        metadata = dict(metadata)
+        tools = _row_tools(row, tool_key, where)
+        if tools is not None:
+            metadata["tools"] = tools
+        if template:
+            messages = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
+            if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
+                raise ValueError(f"{where}: {input_key!r} holds a {type(raw).__name__}; --apply-chat-template "
+                                 "needs a string or a list of chat messages ({'role': ..., 'content': ...})")
+            extra = {"tools": tools} if tools is not None else {}
+            prompt: Any = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, **extra,
+                **(getattr(args, "apply_chat_template_kwargs", None) or {}),
+            )
+        else:
+            prompt = raw
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else []
+        if isinstance(prompt, str) and max_len is not None and len(ids) > max_len:
+            dropped += 1
+            continue
+        label = row.get(label_key) if label_key else None
+        prompts.append(Prompt(len(prompts), prompt, ids, label, metadata))
     if dropped:
         logger.warning("%s: dropped %d prompts longer than --rollout-max-prompt-len", path, dropped)
     if not prompts:
@@ -102,17 +180,55 @@ class DataSource(ABC):
         """Number of prompts."""
 
 
+def _is_prompt_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(p, Prompt) for p in value)
+
+
+def prompts_from_args(args: Any) -> list[Prompt]:
+    """slime's global dataset: `--prompt-data` read with the `--hf-checkpoint` tokenizer, or no prompts
+    under `--disable-rollout-global-dataset` (or without `--prompt-data`)."""
+    if not getattr(args, "rollout_global_dataset", True) or not getattr(args, "prompt_data", None):
+        return []
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint, trust_remote_code=True)
+    return load_prompts(args, args.prompt_data, tokenizer)
+
+
 class RolloutDataSource(DataSource):
     """Groups of `n_samples_per_prompt` fresh samples in a deterministic, resumable order.
+
+    Built as slime builds it, `RolloutDataSource(args)`: prompts from `--prompt-data` (none under
+    `--disable-rollout-global-dataset`: each group is then `n` empty samples for a rollout function that
+    brings its own data), `--n-samples-per-prompt`, `--rollout-shuffle`, `--rollout-seed`, `--save`,
+    `--load`. Or (ours) from prompts already loaded: `RolloutDataSource(prompts, n, shuffle=, seed=)`.
 
     Order: epoch e visits prompts in `random.Random(seed + e).shuffle(range(N))` (or 0..N-1).
     Groups given back with `put_back` (kept but not needed this step) are served first next time.
     `state()` / `load_state()` hold everything needed to continue exactly.
     """
 
-    def __init__(self, prompts: Sequence[Prompt], n_samples_per_prompt: int, *, shuffle: bool, seed: int,
-                 save_dir: str | Path | None = None, load_dir: str | Path | None = None):
-        self.prompts = list(prompts)
+    def __init__(self, args: Any, /, n_samples_per_prompt: int | None = None, *, shuffle: bool | None = None,
+                 seed: int | None = None, save_dir: str | Path | None = None,
+                 load_dir: str | Path | None = None, **options: Any):
+        unknown = sorted(set(options) - {"args"})
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unexpected keyword arguments {unknown}")
+        if _is_prompt_list(args):  # ours: prompts loaded by the caller; `args=` optionally the namespace
+            prompts, self.args = list(args), options.get("args")
+            if n_samples_per_prompt is None or shuffle is None or seed is None:
+                raise TypeError("RolloutDataSource(prompts, ...) needs n_samples_per_prompt, shuffle= and seed=")
+        else:  # slime's: everything from the namespace
+            if "args" in options:
+                raise TypeError("pass the namespace once: RolloutDataSource(args)")
+            self.args = args
+            prompts = prompts_from_args(args)
+            n_samples_per_prompt = args.n_samples_per_prompt if n_samples_per_prompt is None else n_samples_per_prompt
+            shuffle = bool(getattr(args, "rollout_shuffle", False)) if shuffle is None else shuffle
+            seed = int(getattr(args, "rollout_seed", 42)) if seed is None else seed
+            save_dir = getattr(args, "save", None) if save_dir is None else save_dir
+            load_dir = getattr(args, "load", None) if load_dir is None else load_dir
+        self.prompts = prompts
         self.save_dir = save_dir  # slime's --save
         self.load_dir = load_dir if load_dir is not None else save_dir  # slime's --load
         self.n = n_samples_per_prompt
@@ -120,7 +236,12 @@ class RolloutDataSource(DataSource):
         self.epoch, self.offset = 0, 0
         self.group_counter, self.sample_counter = 0, 0
         self.pending: list[int] = []
+        self.metadata: dict[str, Any] = {}  # slime's free-form data-source metadata (update_metadata)
         self._order = self._epoch_order(0)
+
+    @property
+    def n_samples_per_prompt(self) -> int:
+        return self.n
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -143,7 +264,22 @@ class RolloutDataSource(DataSource):
         return index
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
+        if not self.prompts:  # no global dataset: empty samples for the rollout function to fill, as slime
+            return [self._empty_group() for _ in range(num_groups)]
         return [self.make_group(self._next_prompt_index()) for _ in range(num_groups)]
+
+    def _empty_group(self) -> list[Sample]:
+        group = [Sample(group_index=self.group_counter, index=self.sample_counter + i) for i in range(self.n)]
+        self.sample_counter += self.n
+        self.group_counter += 1
+        return group
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """slime's: merge into the data source's metadata (saved with its state)."""
+        self.metadata.update(metadata)
+
+    def get_metadata(self) -> dict[str, Any]:
+        return self.metadata
 
     def make_group(self, prompt_index: int, n: int | None = None) -> list[Sample]:
         p = self.prompts[prompt_index]
@@ -165,7 +301,8 @@ class RolloutDataSource(DataSource):
     def state(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "offset": self.offset, "group_counter": self.group_counter,
                 "sample_counter": self.sample_counter, "pending": list(self.pending),
-                "num_prompts": len(self.prompts), "shuffle": self.shuffle, "seed": self.seed}
+                "num_prompts": len(self.prompts), "shuffle": self.shuffle, "seed": self.seed,
+                "metadata": copy.deepcopy(self.metadata)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         if state.get("num_prompts") != len(self.prompts):
@@ -176,6 +313,7 @@ class RolloutDataSource(DataSource):
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
         self.group_counter, self.sample_counter = int(state["group_counter"]), int(state["sample_counter"])
         self.pending = [int(i) for i in state["pending"]]
+        self.metadata = dict(state.get("metadata") or {})
         self._order = self._epoch_order(self.epoch)
 
     def add_samples(self, samples: list[list[Sample]]) -> None:
@@ -240,19 +378,18 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     The buffer is part of `state()`, as `Sample.to_dict` dumps.
     """
 
-    def __init__(self, prompts: Sequence[Prompt], n_samples_per_prompt: int, *, shuffle: bool, seed: int,
-                 save_dir: str | Path | None = None, args: argparse.Namespace | None = None,
+    def __init__(self, args: Any, /, n_samples_per_prompt: int | None = None, *, shuffle: bool | None = None,
+                 seed: int | None = None, save_dir: str | Path | None = None,
                  buffer_filter: Callable[..., list[list[Sample]]] | None = None,
-                 load_dir: str | Path | None = None):
-        super().__init__(prompts, n_samples_per_prompt, shuffle=shuffle, seed=seed, save_dir=save_dir,
-                         load_dir=load_dir)
-        self.args = args
-        path = getattr(args, "buffer_filter_path", None)
+                 load_dir: str | Path | None = None, **options: Any):
+        super().__init__(args, n_samples_per_prompt, shuffle=shuffle, seed=seed, save_dir=save_dir,
+                         load_dir=load_dir, **options)
+        path = getattr(self.args, "buffer_filter_path", None)
         self.buffer_filter = buffer_filter or (load_function(path) if path else pop_first)
         self.buffer: list[list[Sample]] = []
 
     def get_samples(self, num_samples: int) -> list[list[Sample]]:
-        groups = self.buffer_filter(self.args, None, self.buffer, num_samples) if self.buffer else []
+        groups = self.buffer_filter(self.args, None, self.buffer, num_samples) if self.buffer and num_samples else []
         if len(groups) > num_samples:
             raise ValueError(f"buffer filter returned {len(groups)} groups for {num_samples} requested")
         return list(groups) + super().get_samples(num_samples - len(groups))

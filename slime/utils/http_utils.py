@@ -15,12 +15,20 @@ every request it queues or releases, so its cost per request grows with the requ
 measured on 2 cores, 1,024 x 4 concurrent POSTs cost 14-17 s of client CPU with httpx or httpx2
 against 1.9 s with aiohttp (benchmarks/rollout_scale.py shows the rollout itself). Bodies go through
 orjson: a turn of a long episode posts every token so far.
+
+The end of the module holds upstream's host and port helpers under their names (`is_port_available`,
+`find_available_port`, `get_host_info`, `get_rollout_num_engines`, `init_http_client`,
+`terminate_process`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import os
+import random
+import socket
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -106,9 +114,10 @@ async def post(
 ) -> Any:
     """POST `payload` as JSON to `url`; return the parsed JSON reply (text if the body is not JSON).
 
-    `max_retries` is the total number of attempts, `retry_delay` seconds apart.
+    `max_retries` is the total number of attempts, `retry_delay` seconds apart. A None payload posts
+    `{}`, as upstream's does.
     """
-    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    body = orjson.dumps({} if payload is None else payload, option=orjson.OPT_SERIALIZE_NUMPY)
     headers = {"Content-Type": "application/json", **(headers or {})}
     return await _request("POST", url, max_retries, retry_delay, client, data=body, headers=headers)
 
@@ -178,3 +187,121 @@ def _decode(content: bytes) -> Any:
         return orjson.loads(content)
     except orjson.JSONDecodeError:
         return content.decode(errors="replace")
+
+
+# ------------------------------------------------------------------- upstream's host, port and setup helpers
+
+# Upstream's override of the address this node advertises (get_host_info), and its IPv6 switch.
+SLIME_HOST_IP_ENV = "SLIME_HOST_IP"
+SLIME_PREFER_IPV6_ENV = "SLIME_PREFER_IPV6"
+
+
+def is_port_available(port: int) -> bool:
+    """Whether a listening TCP socket can be opened on `port` on every interface right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+            sock.listen(1)
+        except (OSError, OverflowError):  # in use, privileged, or not a port number at all
+            return False
+    return True
+
+
+def find_available_port(base_port: int) -> int:
+    """A free port a random 100-1000 above `base_port`, so launches started together rarely collide.
+
+    The search steps upward from there and turns downward near the top of the port range.
+    """
+    port = base_port + random.randint(100, 1000)
+    step = 42
+    for _ in range(65536):
+        if 0 < port <= 65535 and is_port_available(port):
+            return port
+        if port >= 60000:
+            step = -43
+        elif port <= 1024:
+            step = 42
+        port += step
+    raise RuntimeError(f"no free TCP port found near {base_port}; free some ports or pick another base")
+
+
+def get_host_info() -> tuple[str, str]:
+    """`(hostname, ip)`: the address other nodes can reach this one at.
+
+    `$SLIME_HOST_IP` wins when set. Otherwise the address the routing table would use to leave the
+    node (no packet is sent), then the hostname's own non-loopback address, then loopback. IPv4 unless
+    `$SLIME_PREFER_IPV6` is 1/true/yes/on; the two families are never mixed.
+    """
+    hostname = socket.gethostname()
+    if override := os.environ.get(SLIME_HOST_IP_ENV):
+        return hostname, override
+    if os.environ.get(SLIME_PREFER_IPV6_ENV, "0").strip().lower() in {"1", "true", "yes", "on"}:
+        family, probe, loopback = socket.AF_INET6, "2001:4860:4860::8888", "::1"
+    else:
+        family, probe, loopback = socket.AF_INET, "8.8.8.8", "127.0.0.1"
+    return hostname, _routed_ip(family, probe) or _hostname_ip(hostname, family) or loopback
+
+
+def _is_loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip == "::1"
+
+
+def _routed_ip(family: socket.AddressFamily, probe: str) -> str | None:
+    """The local address of a UDP socket 'connected' to `probe`: the route out, found without sending."""
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect((probe, 80))
+            ip = sock.getsockname()[0]
+    except OSError:
+        return None
+    return None if _is_loopback(ip) else ip
+
+
+def _hostname_ip(hostname: str, family: socket.AddressFamily) -> str | None:
+    """The first non-loopback address `hostname` resolves to (offline clusters with /etc/hosts)."""
+    try:
+        infos = socket.getaddrinfo(hostname, None, family=family, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    return next((info[4][0] for info in infos if not _is_loopback(info[4][0])), None)
+
+
+def get_rollout_num_engines(args: Any) -> int:
+    """How many rollout engines serve requests: `--rollout-num-engines` if given, then (ours) the
+    `--rollout-engine-urls` listed, else the rollout GPUs divided by the GPUs per engine (0 without GPUs).
+    """
+    if getattr(args, "rollout_num_engines", None) is not None:
+        return int(args.rollout_num_engines)
+    if urls := getattr(args, "rollout_engine_urls", None):
+        return len(urls)
+    gpus = getattr(args, "rollout_num_gpus", None) or 0
+    if gpus <= 0:
+        return 0
+    return max(1, gpus // (getattr(args, "rollout_num_gpus_per_engine", None) or 1))
+
+
+def init_http_client(args: Any) -> None:
+    """Upstream's set-up call before `post`/`get`; here they need none, so this only checks `args`.
+
+    Ours creates one session per event loop on first use, with no connection cap (the rollout's
+    semaphore bounds requests in flight), so there is nothing to size ahead. Upstream's
+    `--use-distributed-post` (POSTs spread over Ray actors) does not exist here and is refused.
+    """
+    if getattr(args, "use_distributed_post", False):
+        raise NotImplementedError(
+            "--use-distributed-post (HTTP POSTs sent from Ray actors) is not available in this trainer: "
+            "posts go out from the rollout process over one aiohttp session per event loop, which "
+            "benchmarks/http_clients.py measures at thousands in flight; drop the flag"
+        )
+
+
+def terminate_process(process: multiprocessing.Process, timeout: float = 1.0) -> None:
+    """Stop `process`: SIGTERM, then SIGKILL if it is still alive `timeout` seconds later."""
+    if not process.is_alive():
+        return
+    process.terminate()
+    process.join(timeout=timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()

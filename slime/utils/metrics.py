@@ -117,8 +117,12 @@ class MetricsWriter:
                     "`bash setup.sh --deps-only`), or drop --use-wandb; --use-tensorboard and the JSONL "
                     "metrics work without it"
                 ) from None
+            key = getattr(args, "wandb_key", None)
+            if key and args.wandb_mode == "online":  # upstream's --wandb-key: log in with it, not the environment's
+                wandb.login(key=key, relogin=True)
+            config = {k: v for k, v in _plain(vars(args)).items() if k != "wandb_key"}  # never logged
             self.wandb = wandb.init(project=args.wandb_project, group=args.wandb_group, dir=args.wandb_dir,
-                                    mode=args.wandb_mode, config=_plain(vars(args)))
+                                    mode=args.wandb_mode, config=config)
 
     def log(self, step: int, metrics: dict[str, Any], kind: str = "train") -> None:
         scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}

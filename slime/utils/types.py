@@ -1,7 +1,12 @@
 """`Sample`: one prompt and its response as it travels rollout -> reward -> trainer.
 
-Field names, defaults and `Sample.Status` keep slime's public contract so that users' generate and
-reward plugins run unchanged (docs/trainer.md, slime's contracts). The trainer only ever
+Field names, defaults, `Sample.Status`, `Sample.SpecInfo`, `Sample.PrefixCacheInfo`,
+`effective_response_length` and `append_response_tokens` keep slime's public contract so that users'
+generate and reward plugins run unchanged (docs/trainer.md, slime's contracts). Ours on top: every
+sample gets its own `session_id` (slime's default is None), `to_dict` names the status ("COMPLETED";
+`from_dict` reads names and slime's values), `from_dict` refuses keys that are not fields, and
+`append_response_tokens` refuses to align a segment to a response without log-probs (slime pads
+zeros) and drops the log-probs of a non-trainable segment (slime refuses them). The trainer only ever
 learns from `tokens[-response_length:]` weighted by `loss_mask`, so the per-token lists must stay
 aligned with `response_length`; `append_response_tokens` and `validate` exist to keep them so.
 """
@@ -18,6 +23,15 @@ from typing import Any
 
 class SampleLengthError(ValueError):
     """A per-token list of a `Sample` disagrees with its `response_length`."""
+
+
+def _plain_list(values: Any, kind: type) -> list[Any]:
+    """A list of Python numbers from a list, tuple or 1-D tensor (`tolist`), None as empty."""
+    if values is None:
+        return []
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return [kind(v) for v in values]
 
 
 def _new_session_id() -> str:
@@ -42,17 +56,79 @@ class Sample:
         ABORTED = "aborted"
         FAILED = "failed"
 
+    @dataclass
+    class SpecInfo:
+        """Speculative-decoding counters summed over a sample's engine calls (slime's `Sample.SpecInfo`)."""
+
+        spec_accept_token_num: int = 0
+        spec_draft_token_num: int = 0
+        spec_verify_ct: int = 0
+        completion_token_num: int = 0
+
+        @property
+        def spec_accept_rate(self) -> float:
+            """Accepted draft tokens per drafted token (0 when nothing was drafted)."""
+            drafted = self.spec_draft_token_num
+            return self.spec_accept_token_num / drafted if drafted > 0 else 0.0
+
+        @property
+        def spec_accept_length(self) -> float:
+            """Completion tokens per verify step (0 before any verify step)."""
+            return self.completion_token_num / self.spec_verify_ct if self.spec_verify_ct > 0 else 0.0
+
+        def add(self, meta_info: Mapping[str, Any]) -> None:
+            """Add one engine answer's `meta_info` counters (absent ones count 0)."""
+            self.spec_accept_token_num += meta_info.get("spec_accept_token_num", 0)
+            self.spec_draft_token_num += meta_info.get("spec_draft_token_num", 0)
+            self.spec_verify_ct += meta_info.get("spec_verify_ct", 0)
+            self.completion_token_num += meta_info.get("completion_tokens", 0)
+
+        def to_dict(self) -> dict[str, int]:
+            return {f.name: getattr(self, f.name) for f in fields(self)}
+
+        @staticmethod
+        def from_dict(data: Mapping[str, Any]) -> Sample.SpecInfo:
+            return Sample.SpecInfo(**{f.name: data.get(f.name, 0) for f in fields(Sample.SpecInfo)})
+
+    @dataclass
+    class PrefixCacheInfo:
+        """Prompt tokens served from the engine's prefix cache, summed over a sample's engine calls."""
+
+        cached_tokens: int = 0
+        total_prompt_tokens: int = 0
+
+        @property
+        def prefix_cache_hit_rate(self) -> float:
+            """Cached share of the prompt tokens sent (0 before any call)."""
+            total = self.total_prompt_tokens
+            return self.cached_tokens / total if total > 0 else 0.0
+
+        def add(self, meta_info: Mapping[str, Any]) -> None:
+            """Add one engine answer's `cached_tokens` / `prompt_tokens`."""
+            self.cached_tokens += meta_info.get("cached_tokens", 0)
+            self.total_prompt_tokens += meta_info.get("prompt_tokens", 0)
+
+        def to_dict(self) -> dict[str, int]:
+            return {f.name: getattr(self, f.name) for f in fields(self)}
+
+        @staticmethod
+        def from_dict(data: Mapping[str, Any]) -> Sample.PrefixCacheInfo:
+            return Sample.PrefixCacheInfo(**{f.name: data.get(f.name, 0) for f in fields(Sample.PrefixCacheInfo)})
+
     group_index: int | None = None
     index: int | None = None
     # Fan-out siblings (one rollout split into several samples) share this; falls back to `index`.
     rollout_id: int | None = None
-    prompt: str | list[dict[str, Any]] = ""
+    # Usually text or chat messages; any JSON value a dataset row holds when no chat template is applied
+    # (tau-bench's `--input-key index` gives an int), for the generate function to interpret.
+    prompt: Any = ""
     tokens: list[int] = field(default_factory=list)
-    multimodal_inputs: dict[str, Any] | None = None
-    multimodal_train_inputs: dict[str, Any] | None = None
+    multimodal_inputs: dict[str, Any] | None = None  # raw media (images, ...), as slime's processor reads them
+    multimodal_train_inputs: dict[str, Any] | None = None  # processed media tensors the trainer would take
+    multimodal_train_input_id: str | None = None
     response: str = ""
     response_length: int = 0
-    label: str | None = None
+    label: Any = None  # the dataset's value as is: a string, or a dict (search-r1's {"ground_truth": ...})
     reward: float | dict[str, Any] | None = None
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
@@ -71,67 +147,83 @@ class Sample:
     rollout_top_p_token_offsets: list[int] | None = None
     rollout_routed_experts: Any = None
     teacher_log_probs: list[float] | None = None
-    spec_info: dict[str, Any] = field(default_factory=dict)
-    prefix_cache_info: dict[str, Any] = field(default_factory=dict)
+    spec_info: Sample.SpecInfo = field(default_factory=lambda: Sample.SpecInfo())
+    prefix_cache_info: Sample.PrefixCacheInfo = field(default_factory=lambda: Sample.PrefixCacheInfo())
+
+    def __post_init__(self) -> None:
+        # Plugins written for upstream build Samples with a status string (tau-bench's res_to_sample passes
+        # "completed"); upstream keeps the string, so every `status == Sample.Status.X` test then fails quietly.
+        if isinstance(self.status, str):
+            self.status = parse_status(self.status)
+
+    @property
+    def effective_response_length(self) -> int:
+        """Response tokens the loss sees: the loss mask's ones (all of them without a mask)."""
+        return sum(self.loss_mask) if self.loss_mask is not None else self.response_length
 
     def append_response_tokens(
         self,
-        args: Any,
-        tokens: Sequence[int],
+        args: Any = None,
+        tokens: Sequence[int] | None = None,
         log_probs: Sequence[float] | None = None,
         trainable: bool = True,
         meta_info: Mapping[str, Any] | None = None,
         text: str | None = None,
+        *,
+        update_terminal_info: bool = True,
     ) -> None:
         """Append one response segment: model output (`trainable`) or an environment observation.
 
         Trainable segments need the engine's log-probs and get loss mask 1; non-trainable ones get
         mask 0 and log-prob 0.0, so `tokens`, `loss_mask` and `rollout_log_probs` never drift apart.
-        `meta_info` (SGLang's) sets `status` from `finish_reason.type` and records `weight_version`.
-        `text` is appended to `response` when given (no tokenizer here to decode it). Nothing is
-        changed if an argument is invalid. `args` is unused; it keeps slime's signature.
+        `tokens` / `log_probs` may be lists or 1-D tensors; no tokens with `meta_info` only records it.
+        With `update_terminal_info` (slime's default), a `meta_info` that holds a `finish_reason` sets
+        `status` from its type, records `weight_version`, adds `cached_tokens` / `prompt_tokens` to
+        `prefix_cache_info`, and, when `args.sglang_speculative_algorithm` is set, the counters to
+        `spec_info`. `text` is appended to `response` when given (no tokenizer here to decode it).
+        Nothing is changed if an argument is invalid.
         """
-        del args
-        tokens = list(tokens)
+        tokens = _plain_list(tokens, int)
+        log_probs = None if log_probs is None else _plain_list(log_probs, float)
         self.validate()
-        if self.rollout_log_probs is None and self.response_length > 0:
+        if tokens and self.rollout_log_probs is None and self.response_length > 0:
             raise SampleLengthError(
                 f"sample has {self.response_length} response tokens but rollout_log_probs is None, so "
                 "a new segment cannot be aligned: build multi-turn samples with append_response_tokens "
                 "from the first segment, or set rollout_log_probs first"
             )
-        if trainable and log_probs is None:
+        if tokens and trainable and log_probs is None:
             raise ValueError(
                 f"a trainable segment of {len(tokens)} tokens needs log_probs (the engine's per-token "
                 "log-probs, meta_info['output_token_logprobs']); pass trainable=False for environment "
                 "or template tokens"
             )
-        if log_probs is not None and len(log_probs) != len(tokens):
+        if trainable and log_probs is not None and len(log_probs) != len(tokens):
             raise SampleLengthError(
                 f"segment has {len(tokens)} tokens but {len(log_probs)} log_probs: pass one log-prob per token"
             )
-        new_status = None
-        if meta_info is not None and meta_info.get("finish_reason") is not None:
-            new_status = status_from_finish_reason(meta_info["finish_reason"])
+        terminal = update_terminal_info and meta_info is not None and meta_info.get("finish_reason") is not None
+        new_status = status_from_finish_reason(meta_info["finish_reason"]) if terminal else None
 
-        if self.loss_mask is None:
-            self.loss_mask = [1] * self.response_length
-        if self.rollout_log_probs is None:
-            self.rollout_log_probs = []
-        self.tokens.extend(tokens)
-        self.response_length += len(tokens)
-        if trainable:
-            self.loss_mask.extend([1] * len(tokens))
-            self.rollout_log_probs.extend(float(lp) for lp in log_probs)
-        else:
-            self.loss_mask.extend([0] * len(tokens))
-            self.rollout_log_probs.extend([0.0] * len(tokens))
+        if tokens:
+            if self.loss_mask is None:
+                self.loss_mask = [1] * self.response_length
+            if self.rollout_log_probs is None:
+                self.rollout_log_probs = []
+            self.tokens.extend(tokens)
+            self.response_length += len(tokens)
+            self.loss_mask.extend([1 if trainable else 0] * len(tokens))
+            self.rollout_log_probs.extend(log_probs if trainable else [0.0] * len(tokens))
         if text is not None:
             self.response += text
-        if new_status is not None:
-            self.status = new_status
-        if meta_info is not None and meta_info.get("weight_version") is not None:
+        if not terminal:
+            return
+        self.status = new_status
+        if meta_info.get("weight_version") is not None:
             self.weight_versions.append(str(meta_info["weight_version"]))
+        self.prefix_cache_info.add(meta_info)
+        if getattr(args, "sglang_speculative_algorithm", None):
+            self.spec_info.add(meta_info)
 
     def validate(self) -> None:
         """Raise `SampleLengthError` if a per-token list disagrees with `response_length`.
@@ -169,6 +261,8 @@ class Sample:
         """A deep-copied plain dict (status as its name) for debug dumps; inverse of `from_dict`."""
         data = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
         data["status"] = self.status.name
+        data["spec_info"] = self.spec_info.to_dict()
+        data["prefix_cache_info"] = self.prefix_cache_info.to_dict()
         return data
 
     @classmethod
@@ -183,7 +277,10 @@ class Sample:
             )
         values = copy.deepcopy(dict(data))
         if "status" in values:
-            values["status"] = _parse_status(values["status"])
+            values["status"] = parse_status(values["status"])
+        for name, kind in (("spec_info", Sample.SpecInfo), ("prefix_cache_info", Sample.PrefixCacheInfo)):
+            if isinstance(values.get(name), Mapping):
+                values[name] = kind.from_dict(values[name])
         sample = cls(**values)
         sample.validate()
         return sample
@@ -211,7 +308,7 @@ def status_from_finish_reason(finish_reason: str | Mapping[str, Any]) -> Sample.
         ) from None
 
 
-def _parse_status(value: Sample.Status | str) -> Sample.Status:
+def parse_status(value: Sample.Status | str) -> Sample.Status:
     """Accept a Status, its name ("COMPLETED") or its value ("completed")."""
     if isinstance(value, Sample.Status):
         return value

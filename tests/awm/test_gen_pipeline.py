@@ -211,13 +211,13 @@ def test_generated_environment_trains_through_the_recipe_rollout(pipeline, tmp_p
     task = AWMDataset(out, cache_dir=cache_dir).tasks("todo_board")[0]
     replies = ['<tool_call>\n{"name": "add_item", "arguments": {"list_id": 1, "text": "buy milk"}}\n</tool_call>',
                "Added."]
-    GenerateState.reset()
+    GenerateState.clear_instances()
     try:
         sample = asyncio.run(play(args, Sample(index=0, prompt=[{"role": "user", "content": task}],
                                                metadata={"scenario": "todo_board", "task_idx": 0, "task": task}),
                                   {"max_new_tokens": 512}, teacher_policy(GenerateState(args).tokenizer, replies)))
     finally:
-        GenerateState.reset()
+        GenerateState.clear_instances()
         env_client.close_runtimes()
     awm = sample.metadata["awm"]
     assert (awm["verdict"], awm["stop_reason"], awm["tool_calls"], awm["invalid_calls"]) == \

@@ -34,7 +34,7 @@ def scripted(tokenizer: Any) -> ScriptedEngine:
 
 @pytest.fixture(autouse=True)
 def _fresh_state():
-    GenerateState.reset()
+    GenerateState.clear_instances()
     yield
-    GenerateState.reset()
+    GenerateState.clear_instances()
     env_client.close_runtimes()

@@ -284,7 +284,7 @@ def test_slime_parser_problems_are_reported():
     cmd = slime_command(cpu(), "/tmp/rt.yaml")
     assert "--no-such-flag" in check_against_slime(cmd + ["--no-such-flag", "1"])[0]
     assert check_against_slime(cmd + ["--advantage-estimator", "nonsense"])  # a bad choice
-    assert "--use-kl-loss" in check_against_slime(cmd + ["--use-kl-loss"])[0]  # finalize_args: coef is 0 on cpu
+    assert "--kl-loss-coef" in check_against_slime(cmd + ["--kl-loss-coef", "-1"])[0]  # finalize_args: must be >= 0
 
 
 def test_runtime_yaml_is_what_the_rollout_and_reward_read(tmp_path):

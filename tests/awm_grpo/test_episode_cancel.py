@@ -14,7 +14,7 @@ from pathlib import Path
 from awm_grpo import drift_check, env_client
 from awm_grpo.loadtest.harness import ScriptedStack, open_episodes, rollout_args, write_inputs
 from slime.rollout.data_source import RolloutDataSource, load_prompts
-from slime.rollout.sglang_rollout import GenerateState, engine_load, generate_rollout
+from slime.rollout.sglang_rollout import GenerateState, engine_load, play_rollout
 from slime.utils.http_utils import get
 from slime.utils.types import Sample
 
@@ -28,12 +28,12 @@ def test_cancelled_episodes_release_their_environment_sessions(tiny_model_dir, t
         args = rollout_args(stack, tiny_model_dir, prompts, tmp_path / "traces", episodes=2, n_samples=2)
         args.over_sampling_batch_size = 8
         args.awm_drift_workers = 1  # the drift check in a helper process, awaited by episodes being cancelled
-        GenerateState.reset()
+        GenerateState.clear_instances()
         source = RolloutDataSource(load_prompts(args, args.prompt_data, GenerateState(args).tokenizer), 2,
                                    shuffle=True, seed=0)
 
         async def step() -> tuple:
-            out = await generate_rollout(args, 0, source)
+            out = await play_rollout(args, 0, source)
             return out, open_episodes(), await engine_load(stack.engine_url), await get(f"{stack.engine_url}/get_server_info")
 
         try:

@@ -152,7 +152,7 @@ def test_a_windowed_episode_is_scored_through_slime_s_own_group_path(tiny_model_
 
 def test_evaluation_uses_the_window_but_returns_one_sample(tiny_model_dir, scripted, tmp_path):
     scripted.reset()
-    GenerateState.reset()
+    GenerateState.clear_instances()
     args = make_args(tiny_model_dir, scripted.url, tmp_path, history_window_turns=1, credit_method="b1")
     args.calculate_per_token_loss = True
     scripted.reply(LIST, call("return_loan", loan_id=999, return_branch_id=1), "Done.")

@@ -65,7 +65,7 @@ def qwen3_agents(tmp_path_factory) -> dict[bool, Path]:
     torch.set_num_threads(2)
     agents = {}
     for thinking in (False, True):
-        GenerateState.reset()
+        GenerateState.clear_instances()
         args = make_args(base, "http://127.0.0.1:9", root, calls_per_turn="all", enable_thinking=thinking)
         taught = episode(args, teacher_policy(tok, teacher_replies(thinking)))
         assert taught.metadata["awm"]["verdict"] == "complete", taught.metadata["awm"]
@@ -77,7 +77,7 @@ def qwen3_agents(tmp_path_factory) -> dict[bool, Path]:
         agents[thinking] = root / f"agent-thinking-{thinking}"
         model.save_pretrained(agents[thinking])
         tok.save_pretrained(agents[thinking])
-    GenerateState.reset()
+    GenerateState.clear_instances()
     return agents
 
 

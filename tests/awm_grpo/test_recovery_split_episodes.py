@@ -98,7 +98,7 @@ def trace_file(tmp_path_factory, data_dir, tiny_model_dir, scripted) -> Path:
             samples.append(asyncio.run(go()))
         log_rollout(0, args, samples)
     finally:
-        GenerateState.reset()
+        GenerateState.clear_instances()
         env_client.close_runtimes()
     return tmp / "traces" / "rollout_000000.jsonl"
 

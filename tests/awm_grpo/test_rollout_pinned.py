@@ -64,7 +64,7 @@ def digest(values: Any) -> str:
 def play_pinned(model_dir: Any, tmp_path: Any, **awm: Any) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    GenerateState.reset()
+    GenerateState.clear_instances()
     args = make_args(model_dir, "http://127.0.0.1:9", tmp_path, calls_per_turn="all", max_observation_tokens=24,
                      terminate_on_invalid_call=False, max_turns=10, **awm)
     sample = Sample(index=0, group_index=0, prompt="", metadata=dict(TASK))

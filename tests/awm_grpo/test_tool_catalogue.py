@@ -69,11 +69,11 @@ def test_list_tools_reaches_the_model_whole_under_the_h100_profile(qwen3_model, 
     assert task["scenario"] == "code_hosting_2"
     sample = Sample(index=0, group_index=0, prompt="", metadata={
         "scenario": "code_hosting_2", "task_idx": 0, "task": task["tasks"][0], "task_type": None})
-    GenerateState.reset()
+    GenerateState.clear_instances()
     try:
         asyncio.run(play(args, sample, {"max_new_tokens": 1024, "temperature": 1.0}, engine_policy(args, sample)))
     finally:
-        GenerateState.reset()
+        GenerateState.clear_instances()
         engine.server.stop()
 
     seen = tokenizer.decode(engine.requests[1]["input_ids"])  # what the model reads after list_tools

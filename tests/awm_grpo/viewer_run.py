@@ -49,7 +49,7 @@ def make_run(root: Path, model_dir: Path, engine: Any) -> Path:
 
     root.mkdir(parents=True, exist_ok=True)
     tasks = {(t.scenario, t.task_idx): t for t in load_tasks(bundled_data_dir())[0]}
-    GenerateState.reset()
+    GenerateState.clear_instances()
     engine.reset()
     args = make_args(model_dir, engine.url, root, predicates=build_predicates(root / "predicates.jsonl"))
 
@@ -75,6 +75,6 @@ def make_run(root: Path, model_dir: Path, engine: Any) -> Path:
         d = play(3, 0, LIST, "There are 7 copies available.")
         log_rollout(1, args, [c, d])
     finally:
-        GenerateState.reset()
+        GenerateState.clear_instances()
         env_client.close_runtimes()
     return root

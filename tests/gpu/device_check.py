@@ -99,7 +99,7 @@ def fsdp_bf16_step(model_dir: Path, device: str, size: str) -> tuple[Any, dict[s
     from slime.algorithms.losses import PolicyLossConfig
     from slime.backends.distributed import init_data_parallel
     from slime.backends.torch_backend import TorchTrainer, TrainerConfig
-    from slime.utils.ports import free_port
+    from slime.utils.misc import free_port
 
     dp = init_data_parallel(0, 1, "127.0.0.1", free_port("127.0.0.1"), fsdp=True)
     trainer = TorchTrainer(str(model_dir), TrainerConfig(lr=1e-4, fsdp_param_dtype="bfloat16",
@@ -136,7 +136,7 @@ def offload(trainer: Any, device: str) -> dict[str, Any]:
 
 
 def weight_send(trainer: Any, device: str) -> dict[str, Any]:
-    from slime.utils.ports import free_port
+    from slime.utils.misc import free_port
     from slime.weight_sync import (
         broadcast_bucket,
         bucket_named_tensors,
@@ -180,7 +180,7 @@ def bf16_save(root: Path, device: str, size: str) -> dict[str, Any]:
     from slime.algorithms.losses import PolicyLossConfig
     from slime.backends.distributed import init_data_parallel
     from slime.backends.torch_backend import TorchTrainer, TrainerConfig
-    from slime.utils.ports import free_port
+    from slime.utils.misc import free_port
 
     torch.manual_seed(0)
     with torch.device(device):  # initialised where it trains: no 6 GB fp32 folder to write and read first
@@ -249,7 +249,7 @@ print("received", x.tolist(), flush=True)
 
 def nccl_two_ranks() -> dict[str, Any]:
     """Two ranks on one GPU in one NCCL communicator (what --colocate with nccl transport would need)."""
-    from slime.utils.ports import free_port
+    from slime.utils.misc import free_port
 
     init = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
     procs = [subprocess.Popen([sys.executable, "-c", RANK, init, str(r)], cwd=REPO, stdout=subprocess.PIPE,

@@ -29,7 +29,7 @@ from slime.backends import checkpoint as ckpt
 from slime.backends import state_dicts
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
 from slime.backends.train_worker import collective_timeout_minutes
-from slime.utils.ports import free_port
+from slime.utils.misc import free_port
 
 WORKER = Path(__file__).with_name("ckpt_worker.py")
 

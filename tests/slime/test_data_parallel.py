@@ -22,7 +22,7 @@ from slime.backends.distributed import shard_by_tokens
 from slime.backends.sft import sft_loss
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
 from slime.models.tiny import build_config
-from slime.utils.ports import free_port
+from slime.utils.misc import free_port
 from slime.utils.types import Sample
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from slime.algorithms.losses import PolicyLossConfig
 from slime.backends.distributed import DataParallel
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig
 from slime.models.tiny import build_config
-from slime.utils.ports import free_port
+from slime.utils.misc import free_port
 from slime.utils.types import Sample
 from slime.weight_sync import (
     bucket_named_tensors,

@@ -24,7 +24,7 @@ from slime.engine.router import BackgroundServer
 from slime.models.tiny import build_tiny_model
 from slime.rollout import sglang_rollout
 from slime.rollout.data_source import RolloutDataSource, load_prompts
-from slime.rollout.sglang_rollout import GenerateState, generate_rollout
+from slime.rollout.sglang_rollout import GenerateState, play_rollout
 from slime.utils.http_utils import get, post
 from slime.utils.types import Sample
 
@@ -69,7 +69,7 @@ def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def _setup(model_dir: Path, tmp_path: Path, tasks: list[str], *extra: str) -> tuple:
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"input": t}) + "\n" for t in tasks))
-    GenerateState.reset()
+    GenerateState.clear_instances()
     args = parse_args(["--hf-checkpoint", str(model_dir), "--prompt-data", str(data), "--num-rollout", "1",
                        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4096", *extra])
     source = RolloutDataSource(load_prompts(args, data, GenerateState(args).tokenizer), 2, shuffle=False, seed=0)
@@ -98,7 +98,7 @@ def test_cpu_engine_slots_are_free_when_the_rollout_returns(model_dir, tmp_path,
     args.rollout_engine_urls = [engine.start()]
     try:
         async def step() -> tuple:
-            out = await asyncio.wait_for(generate_rollout(args, 0, source), timeout=120)
+            out = await asyncio.wait_for(play_rollout(args, 0, source), timeout=120)
             return out, await get(f"{engine.url}/get_server_info")
 
         out, info = asyncio.run(step())
@@ -138,7 +138,7 @@ def test_played_and_trained_episodes_on_the_scripted_engine(model_dir, tmp_path,
     try:
         async def step() -> tuple:
             started = time.monotonic()
-            out = await asyncio.wait_for(generate_rollout(args, 0, source), timeout=60)
+            out = await asyncio.wait_for(play_rollout(args, 0, source), timeout=60)
             return out, time.monotonic() - started, len(replies.held), await get(f"{server.url}/v1/loads")
 
         out, wall, held, loads = asyncio.run(step())
@@ -167,7 +167,7 @@ def test_a_small_chunk_replaces_dropped_groups_as_they_finish(model_dir, tmp_pat
     server, replies = _scripted_server(model_dir, token_latency_s=0.005)
     args.rollout_engine_urls = [server.url]
     try:
-        out = asyncio.run(asyncio.wait_for(generate_rollout(args, 0, source), timeout=60))
+        out = asyncio.run(asyncio.wait_for(play_rollout(args, 0, source), timeout=60))
     finally:
         server.stop()
     m = out.metrics
@@ -191,7 +191,7 @@ def test_adaptive_over_sampling_starts_what_the_pass_rate_says_the_batch_lacks(m
     args.rollout_engine_urls = [server.url]
 
     async def steps() -> list:
-        return [await generate_rollout(args, step, source) for step in (0, 1)]
+        return [await play_rollout(args, step, source) for step in (0, 1)]
 
     try:
         first, second = asyncio.run(asyncio.wait_for(steps(), timeout=60))

@@ -15,6 +15,7 @@ from slime.rollout.base_types import (
     RolloutFnEvalOutput,
     RolloutFnTrainOutput,
     call_rollout_fn,
+    expect_output,
     normalize_rollout_output,
 )
 from slime.rollout.data_source import (
@@ -30,7 +31,8 @@ from slime.rollout.filter_hub.dynamic_sampling_filters import (
     check_reward_nonzero_std,
     check_reward_nonzero_std_with_fallback,
 )
-from slime.rollout.sglang_rollout import GenerateState, get_model_url
+from slime.rollout.sglang_rollout import GenerateState, engine_url, get_model_url
+from slime.utils.async_utils import get_async_loop
 from slime.utils.types import Sample
 
 CONTRACT_PATHS = {
@@ -60,9 +62,9 @@ def _group(gi: int, *rewards: float) -> list[Sample]:
 
 @pytest.fixture(autouse=True)
 def _fresh_generate_state():
-    GenerateState.reset()
+    GenerateState.clear_instances()
     yield
-    GenerateState.reset()
+    GenerateState.clear_instances()
 
 
 @pytest.mark.parametrize("module", sorted(CONTRACT_PATHS))
@@ -114,7 +116,7 @@ def test_generate_state_is_a_singleton_built_from_args():
     assert state.processor is None
     p = state.sampling_params
     assert (p["max_new_tokens"], p["stop"], p["no_stop_trim"], p["spaces_between_special_tokens"]) == (7, ["x"], True, False)
-    GenerateState.reset()
+    GenerateState.clear_instances()
     args = _args("--sglang-server-concurrency", "5", "--rollout-num-gpus", "4")
     assert GenerateState(args).semaphore._value == 20  # before the engines start: GPUs / GPUs per engine
 
@@ -128,14 +130,19 @@ def test_generate_state_tokenizer_from_hf_checkpoint(tmp_path):
     assert state.tokenizer("hi", add_special_tokens=False)["input_ids"]
 
 
-def test_get_model_url():
+def test_engine_url_spreads_groups_and_get_model_url_keeps_upstreams_meaning():
     args = _args("--sglang-router-ip", "10.0.0.1", "--sglang-router-port", "30000")
-    assert get_model_url(args) == "http://10.0.0.1:30000"
+    assert engine_url(args) == "http://10.0.0.1:30000"
     args.rollout_engine_urls = ["http://e0", "http://e1"]
-    assert get_model_url(args, Sample(group_index=3)) == "http://e1"
-    assert get_model_url(args) == "http://10.0.0.1:30000"
+    assert engine_url(args, Sample(group_index=3)) == "http://e1"
+    assert engine_url(args) == "http://10.0.0.1:30000"
     with pytest.raises(RuntimeError, match="no engine address"):
-        get_model_url(_args())
+        engine_url(_args())
+    # upstream: get_model_url(args, model_name, endpoint="/generate") -> a full URL; unknown names: the router
+    assert get_model_url(args, "actor") == "http://10.0.0.1:30000/generate"
+    args.sglang_model_routers = {"ref": ("10.0.0.2", 31000)}
+    assert get_model_url(args, "ref", "/health") == "http://10.0.0.2:31000/health"
+    assert list(inspect.signature(get_model_url).parameters) == ["args", "model_name", "endpoint"]
 
 
 def test_pop_first_takes_the_oldest_groups_in_place():
@@ -199,10 +206,11 @@ def test_call_rollout_fn_normalises_outputs():
 
     def legacy_sync(args, rollout_id, data_source, evaluation=False):
         with pytest.raises(RuntimeError):
-            asyncio.get_running_loop()  # sync functions run in a worker thread, outside the caller's loop
+            asyncio.get_running_loop()  # a plain call (upstream's contract): no loop around it
         return groups
 
-    async def modern(args, rollout_id, data_source, evaluation=False):
+    async def modern(args, rollout_id, data_source, evaluation=False):  # ours: run on the rollout loop
+        assert asyncio.get_running_loop() is get_async_loop().loop
         if evaluation:
             return RolloutFnEvalOutput(data={"toy": {"rewards": [1.0], "truncated": [False], "samples": []}})
         return RolloutFnTrainOutput(samples=groups, metrics={"m": 1.0})
@@ -213,25 +221,23 @@ def test_call_rollout_fn_normalises_outputs():
     def legacy_eval(args, rollout_id, data_source, evaluation=False):
         return {"toy": {"rewards": [0.0], "truncated": [True], "samples": []}}
 
-    async def main():
-        out = await call_rollout_fn(legacy_sync, None, 0, None, evaluation=False)
-        assert isinstance(out, RolloutFnTrainOutput) and out.samples == groups and out.metrics is None
-        out = await call_rollout_fn(modern, None, 0, None, evaluation=False)
-        assert out.samples == groups and out.metrics == {"m": 1.0}
-        out = await call_rollout_fn(flat, None, 0, None, evaluation=False)
-        assert [[s.index for s in g] for g in out.samples] == [[0, 1], [10, 11]]
-        out = await call_rollout_fn(modern, None, 0, None, evaluation=True)
-        assert isinstance(out, RolloutFnEvalOutput) and out.data["toy"]["rewards"] == [1.0]
-        out = await call_rollout_fn(legacy_eval, None, 0, None, evaluation=True)
-        assert isinstance(out, RolloutFnEvalOutput) and out.data["toy"]["truncated"] == [True]
-
-    asyncio.run(main())
+    out = call_rollout_fn(legacy_sync, None, 0, None, evaluation=False)
+    assert isinstance(out, RolloutFnTrainOutput) and out.samples == groups and out.metrics is None
+    out = call_rollout_fn(modern, None, 0, None, evaluation=False)
+    assert out.samples == groups and out.metrics == {"m": 1.0}
+    out = call_rollout_fn(flat, None, 0, None, evaluation=False)
+    assert [[s.index for s in g] for g in out.samples] == [[0, 1], [10, 11]]
+    out = call_rollout_fn(modern, None, 0, None, evaluation=True)
+    assert isinstance(out, RolloutFnEvalOutput) and out.data["toy"]["rewards"] == [1.0]
+    out = call_rollout_fn(legacy_eval, None, 0, None, evaluation=True)
+    assert isinstance(out, RolloutFnEvalOutput) and out.data["toy"]["truncated"] == [True]
     with pytest.raises(TypeError):
         normalize_rollout_output([[1, 2]], evaluation=False)
     with pytest.raises(TypeError):
         normalize_rollout_output(groups, evaluation=True)
-    with pytest.raises(TypeError):
-        normalize_rollout_output(RolloutFnEvalOutput(data={}), evaluation=False)
+    mismatched = normalize_rollout_output(RolloutFnEvalOutput(data={}), evaluation=False)  # upstream: passed through
+    with pytest.raises(TypeError, match="rollout function my.fn returned RolloutFnEvalOutput for a training call"):
+        expect_output(mismatched, evaluation=False, path="my.fn")
 
 
 def test_fallback_filter_keeps_zero_std_groups_when_insufficient():
@@ -269,6 +275,7 @@ def test_generate_rollout_with_a_generate_plugin(tmp_path, monkeypatch):
     from slime.rollout.data_source import load_prompts
     from slime.rollout.sglang_rollout import generate_rollout
 
+    GenerateState.clear_instances()
     (tmp_path / "fake_rollout_plugin.py").write_text(FAKE_PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
     build_tiny_model(tmp_path / "model")
@@ -284,19 +291,18 @@ def test_generate_rollout_with_a_generate_plugin(tmp_path, monkeypatch):
     source = RolloutDataSourceWithBuffer(load_prompts(args, data, GenerateState(args).tokenizer), 2,
                                          shuffle=False, seed=0, args=args)
 
-    out = asyncio.run(generate_rollout(args, 0, source))
+    out = generate_rollout(args, 0, source)  # upstream's plain function: runs on the rollout loop
     assert isinstance(out, RolloutFnTrainOutput)
     # Round 1: prompts 0, 1, 2 -> 0 and 2 kept (1 has zero std); 2 groups were wanted.
     assert out.metrics["rollout/prompt_indices"] == [0, 2]
     assert out.metrics["rollout/dynamic_filter/drop_zero_std_1.0"] == 1.0
     assert all(s.response_length == 2 and s.status == Sample.Status.COMPLETED for g in out.samples for s in g)
 
-    GenerateState.reset()  # a new event loop
-    out = asyncio.run(generate_rollout(args, 1, source))
+    out = generate_rollout(args, 1, source)  # the same loop, the same GenerateState
     # Round 2: prompts 3, 4, 5 -> only 4 kept, 3 and 5 dropped but kept when insufficient.
     assert out.metrics["rollout/prompt_indices"] == [3, 4]
 
-    GenerateState.reset()
-    ev = asyncio.run(generate_rollout(args, 1, source, evaluation=True))
+    ev = generate_rollout(args, 1, source, evaluation=True)
+    GenerateState.clear_instances()
     assert isinstance(ev, RolloutFnEvalOutput) and set(ev.data) == {"toy"}
     assert len(ev.data["toy"]["samples"]) == 6 and ev.data["toy"]["truncated"] == [False] * 6

@@ -13,7 +13,7 @@ import pytest
 from slime.arguments import parse_args
 from slime.models.tiny import build_tiny_model
 from slime.rollout.data_source import RolloutDataSourceWithBuffer, load_prompts
-from slime.rollout.sglang_rollout import GenerateState, RolloutFailedError, generate_rollout
+from slime.rollout.sglang_rollout import GenerateState, RolloutFailedError, play_rollout
 
 PLUGIN = '''
 CALLS = {"generate": 0, "reward": 0}
@@ -58,7 +58,7 @@ def setup(tmp_path, monkeypatch):
     data.write_text("".join(json.dumps({"input": f"prompt {i}", "label": 1}) + "\n" for i in range(6)))
 
     def make(reward: str, *extra: str):
-        GenerateState.reset()
+        GenerateState.clear_instances()
         args = parse_args(["--hf-checkpoint", str(tmp_path / "model"), "--prompt-data", str(data),
                            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "1",
                            "--custom-generate-function-path", f"{module}.generate",
@@ -78,7 +78,7 @@ def _run(args, source):
     async def on_failure(errors: list[BaseException]) -> None:
         checks.append(errors)
 
-    return asyncio.run(generate_rollout(args, 0, source, on_failure=on_failure)), checks
+    return asyncio.run(play_rollout(args, 0, source, on_failure=on_failure)), checks
 
 
 def test_an_engine_blip_is_retried_after_an_engine_check(setup):

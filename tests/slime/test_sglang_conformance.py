@@ -45,6 +45,10 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 LAUNCHES = {
     "defaults": [],
+    "dp attention, deterministic": ["--engine-type", "sglang", "--rollout-num-gpus", "2",
+                                    "--rollout-num-gpus-per-engine", "2", "--sglang-dp-size", "2",
+                                    "--sglang-enable-dp-attention", "--sglang-enable-deterministic-inference",
+                                    "--sglang-attention-backend", "triton"],
     "colocated, tp 2, memory fraction": ["--engine-type", "sglang", "--colocate", "--rollout-num-gpus", "4",
                                          "--rollout-num-gpus-per-engine", "2", "--sglang-mem-fraction-static",
                                          "0.45", "--seed", "7"],

@@ -342,17 +342,17 @@ def test_reward_contract_dicts_need_the_key_and_groups_are_checked_per_sample(pl
 def test_a_reward_set_by_the_generate_function_is_checked_too(plugin, tmp_path):
     from slime.arguments import parse_args
 
-    sglang_rollout.GenerateState.reset()
+    sglang_rollout.GenerateState.clear_instances()
     args = parse_args(["--hf-checkpoint", str(tmp_path), "--prompt-data", str(tmp_path / "unused.jsonl"),
                        "--rollout-batch-size", "1", "--num-rollout", "1", "--custom-generate-function-path", f"{plugin}.generate_scored",
                        "--custom-rm-path", f"{plugin}.reward_value"])
     try:
         with pytest.raises(rm_hub.RewardError, match=r"sample 7 \(group 3"):
             asyncio.run(sglang_rollout.generate_and_rm(args, _sample(math.nan), {}))
-        sglang_rollout.GenerateState.reset()
+        sglang_rollout.GenerateState.clear_instances()
         assert asyncio.run(sglang_rollout.generate_and_rm(args, _sample(0.5), {})).reward == 0.5
     finally:
-        sglang_rollout.GenerateState.reset()
+        sglang_rollout.GenerateState.clear_instances()
 
 
 @pytest.mark.parametrize("fn", ["never", "never_sync"])

@@ -15,8 +15,7 @@ import pytest
 
 from slime.utils import http_utils
 from slime.utils.http_utils import HTTPRequestError, get, post
-from slime.utils.plugins import PluginLoadError, load_function
-from slime.utils.ports import free_port
+from slime.utils.misc import PluginLoadError, free_port, load_function
 
 FAST = 0.01  # retry delay in tests
 

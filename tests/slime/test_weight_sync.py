@@ -304,7 +304,7 @@ def test_fsdp_gathers_send_every_weight_once(model_dir):
     gather's memory is reused by the next one); two real FSDP2 ranks must send every weight once."""
     from transformers import AutoConfig
 
-    from slime.utils.ports import free_port
+    from slime.utils.misc import free_port
 
     config = AutoConfig.from_pretrained(model_dir)
     expected = [k for k in Qwen3ForCausalLM(config).state_dict() if not (config.tie_word_embeddings

@@ -150,7 +150,7 @@ def test_the_update_group_meets_sglangs_own_initialiser(gpu_set):
     prefix on the trainer's side the two ends wait on different keys until they time out."""
     import torch.distributed as dist
 
-    from slime.utils.ports import free_port
+    from slime.utils.misc import free_port
     from slime.weight_sync import init_custom_group
 
     init = f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
