@@ -44,7 +44,8 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
   with evaluation=True), --custom-generate-function-path, --custom-rm-path, --group-rm, --reward-key,
   --dynamic-sampling-filter-path, --custom-config-path, --custom-rollout-log-function-path and
   --custom-eval-rollout-log-function-path (slime's bool return; ours also takes a dict of metrics),
-  --eval-reward-key, --rm-type, --rm-url, --custom-reward-post-process-path, --rollout-sample-filter-path,
+  --eval-reward-key, --rm-type, --rm-url, --custom-reward-post-process-path, --rollout-sample-hook-path,
+  --rollout-sample-filter-path,
   --rollout-all-samples-process-path, --rollout-data-postprocess-path,
   --custom-convert-samples-to-train-data-path, --custom-tis-function-path,
   --custom-advantage-function-path (ours: `fn(args, samples) -> list[float | list[float]]`, not
@@ -296,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fn(args, rollout_id, data_source, evaluation=False) -> RolloutFnTrainOutput "
                         "(or legacy list[list[Sample]]); sync or async")
     g.add_argument("--custom-generate-function-path", default=None)
+    g.add_argument("--rollout-sample-hook-path", action="append", default=[],
+                   help="repeatable: hook(args, sample, *, rollout_id=None, evaluation=False) -> Sample | None, "
+                        "run on every generated Sample before its reward (sync or async)")
     g.add_argument("--custom-rm-path", default=None)
     g.add_argument("--group-rm", action="store_true")
     g.add_argument("--rm-timeout", type=float, default=600.0,

@@ -46,6 +46,7 @@ from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.data_source import Prompt, RolloutDataSource, load_prompts
 from slime.rollout.filter_hub.base_types import call_dynamic_filter
 from slime.rollout.rm_hub import async_rm, batched_async_rm, check_reward, reward_number
+from slime.rollout.sample_hooks import apply_rollout_sample_hooks, set_current_rollout_id
 from slime.utils.async_utils import run
 from slime.utils.http_utils import HTTPRequestError, get, post
 from slime.utils.misc import SingletonMeta, load_function
@@ -291,7 +292,8 @@ async def generate_and_rm(
     Upstream's order: a continued partial sample first has its earlier, off-policy tokens masked out of the
     loss when `--mask-offpolicy-in-partial-rollout`; a COMPLETED or TRUNCATED sample returns as it is; once
     the step is aborting (`GenerateState.aborted`) a sample still waiting ends ABORTED without a request;
-    ABORTED results are not scored. Samples the generate function built afresh inherit the input sample's
+    ABORTED results are not scored. `--rollout-sample-hook-path` hooks see each result before its reward.
+    Samples the generate function built afresh inherit the input sample's
     `group_index` (and `index` when unset), so group statistics see them in their group."""
     if (getattr(args, "partial_rollout", False) and getattr(args, "mask_offpolicy_in_partial_rollout", False)
             and sample.response_length > 0):
@@ -308,7 +310,13 @@ async def generate_and_rm(
             return sample
         with state.dp_rank_context():
             result = await fn(args, sample, sampling_params, **kwargs)
-    samples = check_generated(path or f"{__name__}.generate", result)
+    name = path or f"{__name__}.generate"
+    check_generated(name, result)
+    hooks = list(getattr(args, "rollout_sample_hook_path", None) or [])
+    if hooks:
+        result = await apply_rollout_sample_hooks(args, result, evaluation=evaluation)
+        name = " then sample hook ".join([name, *hooks])
+    samples = check_generated(name, result)
     for s in samples:  # a Sample the plugin built afresh (tau-bench's res_to_sample) stays in its group
         if s.group_index is None:
             s.group_index = sample.group_index
@@ -901,6 +909,7 @@ async def play_rollout(
     `--rollout-all-samples-process-path` `fn(args, all_finished_groups, data_source)` run on the kept groups
     at the end, as upstream's.
     """
+    set_current_rollout_id(rollout_id)
     if evaluation:
         return await _eval_rollout_output(args)
     started = time.perf_counter()

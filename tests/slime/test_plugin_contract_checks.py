@@ -80,6 +80,20 @@ def count_all(args, all_groups, data_source):
     args.all_groups_seen = [[s.index for s in g] for g in all_groups]
 
 
+def tag(args, sample, rollout_id=None):
+    sample.metadata["tagged_at"] = rollout_id  # changes in place, returns None
+
+
+async def replace(args, sample, **kwargs):
+    fresh = sample.__class__(**{**sample.__dict__, "metadata": {**sample.metadata, "seen": sorted(kwargs)}})
+    fresh.reward = 0.5 if kwargs["evaluation"] else None
+    return fresh
+
+
+def not_a_sample(args, sample):
+    return {"tokens": sample.tokens}
+
+
 def plus_one(args, samples):
     raw = [s.reward for s in samples]
     return raw, [r + 1.0 for r in raw]
@@ -200,3 +214,22 @@ def test_reward_post_process_replaces_the_group_normalisation(plugin):
     assert plain == pytest.approx([-1.0, 0.0, 1.0], abs=1e-5)  # (r - mean) / std
     _, hooked = build_train_batch(_args("--custom-reward-post-process-path", f"{plugin}.plus_one"), [samples])
     assert hooked == [1.0, 2.0, 3.0]  # the hook's rewards, used as they are (upstream's meaning)
+
+
+def test_sample_hooks_see_each_generated_sample_before_its_reward(plugin, tmp_path):
+    build_tiny_model(tmp_path / "model")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"input": f"prompt {i}"}) + "\n" for i in range(4)))
+    args = _args("--hf-checkpoint", str(tmp_path / "model"), "--prompt-data", str(data),
+                 "--custom-generate-function-path", f"{plugin}.plain", "--custom-rm-path", f"{plugin}.reward",
+                 "--rollout-sample-hook-path", f"{plugin}.tag", "--rollout-sample-hook-path", f"{plugin}.replace")
+    args.sglang_router_ip, args.sglang_router_port = "127.0.0.1", 1  # never posted to
+    source = RolloutDataSourceWithBuffer(load_prompts(args, data, GenerateState(args).tokenizer), 2,
+                                         shuffle=False, seed=0, args=args)
+    out = generate_rollout(args, 7, source)
+    for s in (s for g in out.samples for s in g):
+        assert s.metadata["tagged_at"] == 7 and s.metadata["seen"] == ["evaluation", "rollout_id"]
+        assert s.reward == float(s.index % 2)  # the reward ran after the hooks (replace cleared it)
+    args.rollout_sample_hook_path = [f"{plugin}.not_a_sample"]
+    with pytest.raises(TypeError, match=f"rollout sample hook {plugin}.not_a_sample returned dict"):
+        asyncio.run(generate_and_rm_group(args, _group(0), {"max_new_tokens": 4}))
