@@ -41,14 +41,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from slime.engine.base import ABORT, LOADS
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.data_source import Prompt, RolloutDataSource, load_prompts
+from slime.rollout.engine_abort import SETTLE_TIMEOUT_S, abort_engines, settle_engines
 from slime.rollout.filter_hub.base_types import call_dynamic_filter
 from slime.rollout.rm_hub import async_rm, batched_async_rm, check_reward, reward_number
 from slime.rollout.sample_hooks import apply_rollout_sample_hooks, set_current_rollout_id
 from slime.utils.async_utils import run
-from slime.utils.http_utils import HTTPRequestError, get, post
+from slime.utils.http_utils import get_rollout_num_engines, post
 from slime.utils.misc import SingletonMeta, load_function
 from slime.utils.types import Sample, parse_status
 
@@ -82,14 +82,6 @@ def sampling_params_from_args(args: argparse.Namespace, *, evaluation: bool = Fa
     return params
 
 
-def _num_engines(args: argparse.Namespace) -> int:
-    urls = getattr(args, "rollout_engine_urls", None)
-    if urls:
-        return len(urls)
-    per_engine = getattr(args, "rollout_num_gpus_per_engine", 1) or 1
-    return max((getattr(args, "rollout_num_gpus", None) or 1) // per_engine, 1)
-
-
 class GenerateState(metaclass=SingletonMeta):
     """The per-process rollout state plugins share (upstream's `GenerateState`, a `SingletonMeta` singleton:
     `GenerateState(args)` builds it once, later calls return it; `GenerateState.clear_instances()` forgets it).
@@ -113,7 +105,7 @@ class GenerateState(metaclass=SingletonMeta):
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.processor = None
-        self.concurrency = args.sglang_server_concurrency * _num_engines(args)
+        self.concurrency = args.sglang_server_concurrency * max(get_rollout_num_engines(args), 1)
         self.semaphore = asyncio.Semaphore(self.concurrency)
         self.sampling_params = sampling_params_from_args(args)
         if getattr(args, "sglang_enable_deterministic_inference", False):
@@ -428,13 +420,7 @@ def _code_bug(errors: list[BaseException], aborted: int) -> tuple[type, str] | N
     return signatures.pop() if len(signatures) == 1 else None
 
 
-# ---- aborting the engines' requests (sglang's /abort_request) --------------------------------------
-
-ABORT_ALL = {"abort_all": True}  # sglang's AbortReq body: every request the engine holds ends with "abort"
-LOADS_PATH = LOADS.path  # sglang's load report ({"loads": [per DP rank: num_running_reqs, num_waiting_reqs]})
-SERVER_INFO_PATH = "/get_server_info"  # the CPU engine's (and scripted engine's) num_running_reqs / num_waiting_reqs
-SETTLE_TIMEOUT_S = 30.0  # how long `settle_engines` re-aborts before it gives up with a warning
-_LOAD_PATHS: dict[str, str] = {}  # engine URL -> the load endpoint it answered (/v1/loads or /get_server_info)
+# ---- where an abort goes ------------------------------------------------------------------------
 
 
 def abort_targets(args: argparse.Namespace) -> list[str]:
@@ -447,72 +433,6 @@ def abort_targets(args: argparse.Namespace) -> list[str]:
         return [engine_url(args)]
     except RuntimeError:
         return []
-
-
-async def abort_engines(urls: Sequence[str]) -> None:
-    """POST `{"abort_all": true}` to each URL: held requests end at once with finish_reason abort.
-
-    A failed abort is logged, not raised: an engine that cannot be reached holds no request of ours
-    that could finish, and the step's batch is already complete."""
-    results = await asyncio.gather(*(post(f"{url}{ABORT.path}", ABORT_ALL, max_retries=2, retry_delay=0.2)
-                                     for url in urls), return_exceptions=True)
-    for url, result in zip(urls, results, strict=True):
-        if isinstance(result, BaseException):
-            logger.warning("abort_all on %s failed: %s: %s", url, type(result).__name__, result)
-
-
-def requests_in(reply: Any, path: str) -> int | None:
-    """Requests running or waiting in a load reply: sglang's `/v1/loads` (`loads`: one entry per DP rank) or a
-    `/get_server_info` carrying `num_running_reqs` / `num_waiting_reqs` at the top (the CPU and scripted
-    engines); None when the reply has no such counts (stock sglang's /get_server_info)."""
-    entries = reply.get("loads") if isinstance(reply, dict) and path == LOADS_PATH else [reply]
-    if not isinstance(entries, list) or not entries or not all(
-            isinstance(e, dict) and "num_running_reqs" in e for e in entries):
-        return None
-    return sum(int(e["num_running_reqs"]) + int(e.get("num_waiting_reqs") or 0) for e in entries)
-
-
-async def engine_load(url: str) -> int | None:
-    """Requests an engine is running or queueing (`requests_in`): `GET /v1/loads`, else `GET /get_server_info`;
-    None when neither says."""
-    paths = [_LOAD_PATHS[url]] if url in _LOAD_PATHS else [LOADS_PATH, SERVER_INFO_PATH]
-    for path in paths:
-        try:
-            reply = await get(f"{url}{path}", max_retries=1)
-        except HTTPRequestError as exc:
-            if exc.status_code in (404, 405):
-                continue
-            logger.warning("load of %s unknown: %s", url, exc)
-            return None
-        count = requests_in(reply, path)
-        if count is not None:
-            _LOAD_PATHS[url] = path
-            return count
-    return None
-
-
-async def settle_engines(urls: Sequence[str], timeout_s: float = SETTLE_TIMEOUT_S) -> dict[str, int | None]:
-    """Abort again until every engine reports no request running or waiting (or `timeout_s` passes).
-
-    An abort ends what the engine holds when it reads it; a request whose client was cancelled while its
-    body was still on the way arrives afterwards and would run to its token limit (sglang aborts on a client
-    disconnect, the CPU engine does not). Returns the last load seen per engine (None: it reports none)."""
-    deadline = time.monotonic() + timeout_s
-    loads: dict[str, int | None] = {}
-    busy = list(urls)
-    while busy:
-        for url, load in zip(busy, await asyncio.gather(*(engine_load(u) for u in busy)), strict=True):
-            loads[url] = load
-        busy = [u for u in busy if loads[u]]
-        if not busy:
-            break
-        if time.monotonic() > deadline:
-            logger.warning("engines still busy %.0f s after abort_all: %s", timeout_s,
-                           {u: loads[u] for u in busy})
-            break
-        await abort_engines(busy)
-        await asyncio.sleep(0.05)
-    return loads
 
 
 async def _cancel_and_wait(tasks: Sequence[asyncio.Future]) -> None:

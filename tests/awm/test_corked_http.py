@@ -18,12 +18,8 @@ from test_mcp_server import ServerThread
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerThread]:
-    srv = ServerThread(num_workers=1)
-    srv.thread.start()
-    assert srv.listening.wait(60) and srv.url, f"the server did not start: {srv.error!r}"
-    yield srv
-    srv.loop.call_soon_threadsafe(srv.stop.set)
-    srv.thread.join(15)
+    with ServerThread(num_workers=1).running() as srv:
+        yield srv
 
 
 def complete(data: bytes) -> bool:

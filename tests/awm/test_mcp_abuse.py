@@ -46,14 +46,8 @@ def list_tools(base: str, session_id: str) -> httpx.Response:
 @contextlib.contextmanager
 def served(**serve_kwargs: Any) -> Iterator[ServerThread]:
     """`mcp_server.serve` in a thread (its own loop and runtime) with these keyword arguments."""
-    srv = ServerThread(SCENARIO, num_workers=1, **serve_kwargs)
-    srv.thread.start()
-    assert srv.listening.wait(60) and srv.url, f"the server did not start: {srv.error!r}"
-    try:
+    with ServerThread(SCENARIO, num_workers=1, **serve_kwargs).running() as srv:
         yield srv
-    finally:
-        srv.loop.call_soon_threadsafe(srv.stop.set)
-        srv.thread.join(15)
 
 
 def test_serving_off_loopback_without_a_token_is_refused():

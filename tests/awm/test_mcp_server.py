@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,30 @@ class ServerThread:
         self.listening = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
+    def _runtime(self) -> EnvRuntime:
+        """The runtime the server uses (the bundled scenarios); subclasses serve other data."""
+        return EnvRuntime(num_workers=self.num_workers)
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        assert self.listening.wait(60) and self.url, f"the server did not start: {self.error!r}"
+        return self
+
+    def shutdown(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(15)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[ServerThread]:
+        """Started on entry, stopped on exit."""
+        try:
+            yield self.start()
+        finally:
+            self.shutdown()
+
     async def _main(self) -> None:
         self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
-        self.runtime = EnvRuntime(num_workers=self.num_workers)
+        self.runtime = self._runtime()
         try:
             await serve(self.runtime, self.scenario, stop=self.stop, ready=self._ready, **self.serve_kwargs)
         except BaseException as exc:
@@ -77,12 +98,9 @@ class ServerThread:
 
 @pytest.fixture(scope="module")
 def server() -> ServerThread:
-    srv = ServerThread()
-    srv.thread.start()
-    assert srv.listening.wait(60) and srv.url, f"the server did not start: {srv.error!r}"
+    srv = ServerThread().start()
     yield srv
-    srv.loop.call_soon_threadsafe(srv.stop.set)
-    srv.thread.join(15)
+    srv.shutdown()
     assert not srv.thread.is_alive(), "the server did not shut down"
     assert srv.runtime.closed and not srv.runtime.episodes
 

@@ -10,13 +10,10 @@ generated-code-style scenario run in the runtime's sandboxed worker. The limits 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import select
 import socket
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,6 @@ import pytest
 from awm.episode import EnvRuntime
 from awm.serve import limits as limits_module
 from awm.serve.limits import ServerLimits
-from awm.serve.mcp_server import serve
 from conftest import write_scenarios
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from test_mcp_server import ServerThread
@@ -63,28 +59,8 @@ class DataServerThread(ServerThread):
         super().__init__(scenario, num_workers=1, **serve_kwargs)
         self.data_dir, self.cache_dir = data_dir, cache_dir
 
-    async def _main(self) -> None:
-        self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
-        self.runtime = EnvRuntime(self.data_dir, num_workers=1, cache_dir=self.cache_dir)
-        try:
-            await serve(self.runtime, self.scenario, stop=self.stop, ready=self._ready, **self.serve_kwargs)
-        except BaseException as exc:
-            self.error = exc
-            raise
-        finally:
-            self.runtime.close()
-            self.listening.set()
-
-
-@contextlib.contextmanager
-def served(srv: ServerThread) -> Iterator[ServerThread]:
-    srv.thread.start()
-    assert srv.listening.wait(60) and srv.url, f"the server did not start: {srv.error!r}"
-    try:
-        yield srv
-    finally:
-        srv.loop.call_soon_threadsafe(srv.stop.set)
-        srv.thread.join(15)
+    def _runtime(self) -> EnvRuntime:
+        return EnvRuntime(self.data_dir, num_workers=1, cache_dir=self.cache_dir)
 
 
 def address(srv: ServerThread) -> tuple[str, int]:
@@ -161,7 +137,7 @@ def test_slow_and_silent_request_heads_are_cut_off():
     """Slowloris: a head sent a header line every 0.3 s never completes; nor does a connection that sends
     nothing. Both get 408 and are closed at the header timeout, and a fast client is served meanwhile."""
     limits = ServerLimits(header_timeout_s=1.0, body_timeout_s=1.0)
-    with served(ServerThread(SCENARIO, num_workers=1, limits=limits)) as srv:
+    with ServerThread(SCENARIO, num_workers=1, limits=limits).running() as srv:
         host, port = address(srv)
         with socket.create_connection((host, port), timeout=5) as slow:
             slow.sendall(f"GET /health HTTP/1.1\r\nhost: {host}\r\n".encode())
@@ -182,7 +158,7 @@ def test_slow_clients_cannot_hold_more_than_the_cap_of_connections():
     stay open (the oldest are closed to make room), and a fast client still gets its reply at once. A
     burst of 20 fast clients connecting together is not cut by the same cap."""
     limits = ServerLimits(header_timeout_s=30.0, max_pending_connections=5)
-    with served(ServerThread(SCENARIO, num_workers=1, limits=limits)) as srv:
+    with ServerThread(SCENARIO, num_workers=1, limits=limits).running() as srv:
         with ThreadPoolExecutor(20) as pool:
             burst = list(pool.map(lambda _: httpx.get(f"{srv.base}/health", timeout=10).status_code, range(20)))
         assert burst == [200] * 20
@@ -210,7 +186,7 @@ def test_an_endless_request_head_gets_431():
     """Header lines sent without end (4 KB at a time): cut off with 431 once past the head cap, not buffered
     until the header timeout."""
     limits = ServerLimits(max_head_bytes=16 * 1024)
-    with served(ServerThread(SCENARIO, num_workers=1, limits=limits)) as srv:
+    with ServerThread(SCENARIO, num_workers=1, limits=limits).running() as srv:
         host, port = address(srv)
         with socket.create_connection((host, port), timeout=5) as sock:
             sock.sendall(f"GET /health HTTP/1.1\r\nhost: {host}\r\n".encode())
@@ -227,7 +203,7 @@ def test_a_slow_request_body_is_cut_off_and_leaks_no_session():
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
                        "params": {"protocolVersion": HANDSHAKE_PROTOCOL_VERSIONS[-1], "capabilities": {},
                                   "clientInfo": {"name": "slow", "version": "1"}}}).encode() + b" " * 1000
-    with served(ServerThread(SCENARIO, num_workers=1, limits=limits)) as srv:
+    with ServerThread(SCENARIO, num_workers=1, limits=limits).running() as srv:
         host, port = address(srv)
         head = (f"POST /mcp HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
                 f"accept: application/json, text/event-stream\r\ncontent-length: {len(body)}\r\n\r\n").encode()
@@ -249,7 +225,7 @@ def test_sessions_that_never_call_a_tool_expire():
     closed `unused_session_timeout_s` after their initialize, well before the (60 s) idle timeout, and
     give their places and episode back; a session that made a tools/call stays."""
     limits = ServerLimits(max_sessions=3, session_idle_timeout_s=60.0, unused_session_timeout_s=1.5)
-    with served(ServerThread(SCENARIO, num_workers=1, limits=limits)) as srv:
+    with ServerThread(SCENARIO, num_workers=1, limits=limits).running() as srv:
         init_only = open_session(srv.base)
         listed = open_session(srv.base)
         assert rpc(srv.base, listed, "tools/list").status_code == 200
@@ -270,7 +246,7 @@ def test_sessions_that_never_call_a_tool_expire():
 def test_control_plane_bodies_are_capped_and_deep_nesting_is_a_400():
     """The control plane read any body whole (the MCP path has the SDK's 4 MiB cap) and let a deeply nested
     one raise RecursionError (HTTP 500); now: 413 past 1 MiB, 400 for nesting, and the episode goes on."""
-    with served(ServerThread(SCENARIO, num_workers=1)) as srv:
+    with ServerThread(SCENARIO, num_workers=1).running() as srv:
         sid = open_session(srv.base)
         assert rpc(srv.base, sid, "tools/list").status_code == 200  # opens the episode
         url = f"{srv.base}/episodes/{sid}/verify"
@@ -299,7 +275,7 @@ def big_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_result_over_the_cap_becomes_an_error_and_the_session_goes_on(big_data_dir, cache_dir):
     cap = 64 * 1024
     limits = ServerLimits(max_result_bytes=cap)
-    with served(DataServerThread(big_data_dir, cache_dir, "big_results", limits=limits)) as srv:
+    with DataServerThread(big_data_dir, cache_dir, "big_results", limits=limits).running() as srv:
         sid = open_session(srv.base)
         reply = rpc(srv.base, sid, "tools/call", {"name": "blob", "arguments": {"n": 1_000_000}})
         assert reply.status_code == 200

@@ -14,7 +14,8 @@ from pathlib import Path
 from awm_grpo import drift_check, env_client
 from awm_grpo.loadtest.harness import ScriptedStack, open_episodes, rollout_args, write_inputs
 from slime.rollout.data_source import RolloutDataSource, load_prompts
-from slime.rollout.sglang_rollout import GenerateState, engine_load, play_rollout
+from slime.rollout.engine_abort import engine_load
+from slime.rollout.sglang_rollout import GenerateState, play_rollout
 from slime.utils.http_utils import get
 from slime.utils.types import Sample
 

@@ -22,7 +22,7 @@ from slime.arguments import parse_args
 from slime.engine.cpu_server import CPUEngine
 from slime.engine.router import BackgroundServer
 from slime.models.tiny import build_tiny_model
-from slime.rollout import sglang_rollout
+from slime.rollout import engine_abort
 from slime.rollout.data_source import RolloutDataSource, load_prompts
 from slime.rollout.sglang_rollout import GenerateState, play_rollout
 from slime.utils.http_utils import get, post
@@ -329,13 +329,13 @@ def test_abort_body_and_load_reply_are_sglangs(sglang) -> None:
 
     from sglang_real import sglang_env
 
-    assert sglang.check_request("POST", "/abort_request", sglang_rollout.ABORT_ALL) == []
+    assert sglang.check_request("POST", "/abort_request", engine_abort.ABORT_ALL) == []
     run = subprocess.run([sys.executable, "-c", LOADS_PROBE], env=sglang_env(sglang.gpu_set), capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     reply = json.loads(run.stdout.strip().splitlines()[-1])
-    assert sglang_rollout.requests_in(reply, sglang_rollout.LOADS_PATH) == 6
-    assert sglang_rollout.requests_in({"model_path": "m", "internal_states": []}, "/get_server_info") is None
+    assert engine_abort.requests_in(reply, engine_abort.LOADS_PATH) == 6
+    assert engine_abort.requests_in({"model_path": "m", "internal_states": []}, "/get_server_info") is None
 
 
 def test_scripted_engine_serves_only_what_stock_sglang_serves(sglang, model_dir) -> None:
@@ -345,7 +345,7 @@ def test_scripted_engine_serves_only_what_stock_sglang_serves(sglang, model_dir)
     served = sglang.routes()
     ours = {(m, r.path) for r in app.routes if hasattr(r, "methods") and r.path not in (
         "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc") for m in r.methods - {"HEAD"}}
-    served.setdefault(sglang_rollout.LOADS_PATH, ["GET"])  # an included router: checked by the test above
+    served.setdefault(engine_abort.LOADS_PATH, ["GET"])  # an included router: checked by the test above
     assert sorted(f"{m} {p}" for m, p in ours if m not in served.get(p, [])) == []
 
 
