@@ -57,6 +57,7 @@ class ToolResult:
     is_error: bool
     kind: str = "ok"
     latency_s: float = 0.0
+    done: bool = False  # the environment ended the episode (AgentGym servers say so): the rollout stops
 
 
 class EnvSession(Protocol):
@@ -81,6 +82,7 @@ class EnvConfig:
     workers: int = 2
     tool_timeout_s: float = 30.0
     verifier_timeout_s: float = 30.0
+    agentgym: tuple[Any, ...] = ()  # awm_grpo.agentgym.client.AgentGymSpec per AgentGym environment kind
 
     def __post_init__(self) -> None:
         if self.transport not in ("inprocess", "mcp"):
@@ -302,7 +304,7 @@ _NEXT_URL = itertools.count()
 _HTTP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.ref[HttpPool]] = weakref.WeakKeyDictionary()
 
 
-def _http() -> HttpPool:
+def shared_http() -> HttpPool:
     """The running loop's pool of keep-alive connections, shared by the episodes that hold it.
 
     Held weakly on both sides: the pool lives while some episode of the loop does (so concurrent
@@ -329,7 +331,7 @@ class McpEnv:
         self.base = base_url.rstrip("/")
         self.url = f"{self.base}/mcp/{scenario}?task_idx={task_idx}"
         self.timeout_s = timeout_s
-        self.http = http or _http()
+        self.http = http or shared_http()
         self.origin = Origin.parse(self.base)
         self.tools: list[dict[str, Any]] = []
         # A server bound off loopback requires its bearer token (awm.serve.limits.TOKEN_ENV) on every request.
@@ -403,7 +405,8 @@ class McpEnv:
 
 
 async def open_env(cfg: EnvConfig, scenario: str, task_idx: int) -> EnvSession:
-    """A fresh episode of `scenario` bound to task `task_idx`, over the configured transport."""
+    """A fresh episode of `scenario` bound to task `task_idx`, over the configured transport (AgentGym-protocol
+    environments are opened by awm_grpo.rollout.open_episode, which knows both)."""
     if cfg.transport == "mcp":
         url = cfg.mcp_urls[next(_NEXT_URL) % len(cfg.mcp_urls)]
         return await McpEnv(url, scenario, task_idx, cfg.tool_timeout_s + cfg.verifier_timeout_s).start()

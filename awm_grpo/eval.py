@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from awm_grpo import protocol, traces
-from awm_grpo.env_client import EnvInfraError, open_env
-from awm_grpo.rollout import Episode, RolloutConfig, ToolRunner, generate, model_turn, verify
+from awm_grpo.env_client import EnvInfraError
+from awm_grpo.rollout import Episode, RolloutConfig, ToolRunner, generate, model_turn, open_episode, verify
 from slime.arguments import parse_args
 from slime.rollout.sglang_rollout import GenerateState, sampling_params_from_args
 from slime.utils.types import Sample
@@ -38,7 +40,7 @@ async def play_chat(cfg: RolloutConfig, client: Any, record: dict[str, Any], par
     system = protocol.NATIVE_SYSTEM_PROMPT if cfg.tool_mode == "native" else protocol.META_SYSTEM_PROMPT
     env = None
     try:
-        env = await open_env(cfg.env, episode.scenario, episode.task_idx)
+        env = await open_episode(cfg.env, episode)  # AgentGym rows: sets the task from the first observation
         tools = protocol.native_tool_schemas(env.tools if cfg.tool_mode == "native" else protocol.META_TOOLS)
         if cfg.tool_mode == "meta":
             system += "\n\nTools:\n" + json.dumps(tools)
@@ -67,21 +69,36 @@ async def play_chat(cfg: RolloutConfig, client: Any, record: dict[str, Any], par
             "invalid_calls": episode.invalid_calls, "tool_calls": episode.tool_calls}
 
 
-async def _run_engine(args: argparse.Namespace, records: list[dict[str, Any]], n: int, concurrency: int) -> list[dict]:
-    limit = asyncio.Semaphore(concurrency)
-    params = sampling_params_from_args(args, evaluation=True)
-    bar = tqdm(total=len(records) * n, desc="episodes", file=sys.stderr)
+async def play_records(args: argparse.Namespace, records: list[dict[str, Any]], n: int, concurrency: int,
+                       evaluation: bool = True, desc: str = "episodes") -> list[Sample]:
+    """n episodes of every prompt record through the training rollout (`awm_grpo.rollout.generate`), at
+    most `concurrency` at once; sample i is record i // n's (i % n)-th episode, in that order.
 
-    async def one(i: int, record: dict[str, Any]) -> dict[str, Any]:
+    `evaluation`: the eval sampling params (`--eval-*`) and turn seeds, else the rollout's (`--rollout-*`),
+    as a training step samples (awm_grpo.offline explores so). Each sample keeps its trace record under
+    `metadata[traces.TRACE_KEY]`."""
+    limit = asyncio.Semaphore(concurrency)
+    params = sampling_params_from_args(args, evaluation=evaluation)
+    bar = tqdm(total=len(records) * n, desc=desc, file=sys.stderr)
+
+    async def one(i: int, record: dict[str, Any]) -> Sample:
         sample = Sample(index=i, group_index=i // n, prompt=record["text"], metadata=dict(record["metadata"]))
         async with limit:
-            sample = await generate(args, sample, dict(params), evaluation=True)
+            out = await generate(args, sample, dict(params), evaluation=evaluation)
         bar.update()
-        return sample.metadata.pop(traces.TRACE_KEY)
+        if isinstance(out, list):  # B1's windowed turns come back as samples of their own
+            raise ValueError("awm_history_window_turns splits an episode into several samples: play it with the "
+                             "training rollout (slime.train), not here")
+        return out
 
-    out = await asyncio.gather(*(one(i, r) for i, r in enumerate(r for r in records for _ in range(n))))
-    bar.close()
-    return list(out)
+    try:
+        return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(r for r in records for _ in range(n)))))
+    finally:
+        bar.close()
+
+
+async def _run_engine(args: argparse.Namespace, records: list[dict[str, Any]], n: int, concurrency: int) -> list[dict]:
+    return [s.metadata.pop(traces.TRACE_KEY) for s in await play_records(args, records, n, concurrency)]
 
 
 async def _run_chat(cfg: RolloutConfig, opts: argparse.Namespace, records: list[dict[str, Any]]) -> list[dict]:
@@ -108,48 +125,72 @@ def success_rate(records: list[dict[str, Any]]) -> float:
     return sum(r.get("verdict") == "complete" for r in valid) / len(valid) if valid else float("nan")
 
 
-def evaluate(opts: argparse.Namespace) -> list[dict[str, Any]]:
-    records = [json.loads(line) for line in Path(opts.split).read_text().splitlines() if line.strip()]
-    if opts.limit:
-        records = records[: opts.limit]
-    slime_flags = ["--hf-checkpoint", opts.model or "unused", "--prompt-data", opts.split, "--rollout-batch-size", "1",
-                   "--num-rollout", "1", "--rollout-max-response-len", str(opts.max_response_len),
-                   "--eval-temperature", str(opts.temperature), "--rollout-seed", str(opts.seed)]
+@contextlib.contextmanager
+def policy_runtime(model: str | None, prompts: str, *, config: dict[str, Any] | None = None, seed: int = 0,
+                   temperature: float = 0.0, rollout_temperature: float | None = None, max_response_len: int = 4096,
+                   engine_url: str | None = None, serve: bool = True) -> Iterator[argparse.Namespace]:
+    """The rollout's args for playing `model` on the prompt file `prompts`, while the block runs.
+
+    With `serve` and no `engine_url`, a CPU engine (slime.engine.cpu_server) serves the checkpoint in this
+    process (seeded with `seed`) and is shut down on exit; the environment runtimes are closed on exit.
+    `temperature` is the eval temperature, `rollout_temperature` the rollout's (slime's default when None;
+    `play_records(evaluation=...)` picks one), `seed` the rollout seed (turn seeds); `config` holds the runtime
+    YAML's awm_* keys. Shared by awm_grpo.eval and awm_grpo.offline, so evaluation and offline exploration
+    play alike."""
+    flags = ["--hf-checkpoint", model or "unused", "--prompt-data", prompts, "--rollout-batch-size", "1",
+             "--num-rollout", "1", "--rollout-max-response-len", str(max_response_len),
+             "--eval-temperature", str(temperature), "--rollout-seed", str(seed)]
+    if rollout_temperature is not None:
+        flags += ["--rollout-temperature", str(rollout_temperature)]
     engine = None
-    if opts.openai_base_url is None:
-        if not opts.model:
-            raise SystemExit("--model is required with a checkpoint or --engine-url (its tokenizer is used)")
-        url = opts.engine_url
-        if url is None:
-            from slime.engine.cpu_server import CPUEngine
-
-            engine = CPUEngine(opts.model, port=0, seed=opts.seed)
-            url = engine.start()
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        slime_flags += ["--sglang-router-ip", host, "--sglang-router-port", port]
-    args = parse_args(slime_flags)
-    config = {}
-    if opts.config:
-        import yaml
-
-        config = yaml.safe_load(Path(opts.config).read_text()) or {}
-    for key, value in config.items():
-        setattr(args, key, value)
-    if config.get("awm_history_window_turns") is not None:
-        args.calculate_per_token_loss = True  # as the windowed run trained (rollout's check); no loss is computed here
-    args.awm_trace_dir = None
-    cfg = RolloutConfig.from_args(args)
-    GenerateState.clear_instances()
     try:
-        if opts.openai_base_url is not None:
-            return asyncio.run(_run_chat(cfg, opts, records))
-        return asyncio.run(_run_engine(args, records, opts.n, opts.concurrency))
+        if serve:
+            if not model:
+                raise SystemExit("--model is required with a checkpoint or --engine-url (its tokenizer is used)")
+            url = engine_url
+            if url is None:
+                from slime.engine.cpu_server import CPUEngine
+
+                engine = CPUEngine(model, port=0, seed=seed)
+                url = engine.start()
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            flags += ["--sglang-router-ip", host, "--sglang-router-port", port]
+        args = parse_args(flags)
+        for key, value in (config or {}).items():
+            setattr(args, key, value)
+        if (config or {}).get("awm_history_window_turns") is not None:
+            args.calculate_per_token_loss = True  # as the windowed run trained (rollout's check); no loss here
+        args.awm_trace_dir = None
+        RolloutConfig.from_args(args)  # a bad awm_* key fails here, before any episode
+        GenerateState.clear_instances()
+        yield args
     finally:
         if engine is not None:
             engine.shutdown()
         from awm_grpo.env_client import close_runtimes
 
         close_runtimes()
+
+
+def read_config(path: str | None) -> dict[str, Any]:
+    """A runtime YAML's keys ({} without one)."""
+    if not path:
+        return {}
+    import yaml
+
+    return yaml.safe_load(Path(path).read_text()) or {}
+
+
+def evaluate(opts: argparse.Namespace) -> list[dict[str, Any]]:
+    records = [json.loads(line) for line in Path(opts.split).read_text().splitlines() if line.strip()]
+    if opts.limit:
+        records = records[: opts.limit]
+    with policy_runtime(opts.model, opts.split, config=read_config(opts.config), seed=opts.seed,
+                        temperature=opts.temperature, max_response_len=opts.max_response_len,
+                        engine_url=opts.engine_url, serve=opts.openai_base_url is None) as args:
+        if opts.openai_base_url is not None:
+            return asyncio.run(_run_chat(RolloutConfig.from_args(args), opts, records))
+        return asyncio.run(_run_engine(args, records, opts.n, opts.concurrency))
 
 
 def main(argv: list[str] | None = None) -> int:

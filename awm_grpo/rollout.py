@@ -13,7 +13,8 @@ One call plays one episode of the task in `sample.metadata` ({"scenario", "task_
 Stop conditions: final answer; `awm_max_turns` model turns (or the turn schedule); response budget
 (`--rollout-max-response-len`, shared by model and observation tokens, and
 `--rollout-max-context-len`); an invalid call with `awm_terminate_on_invalid_call`;
-`awm_max_repeated_calls` identical calls (same name and arguments) in a row; engine abort.
+`awm_max_repeated_calls` identical calls (same name and arguments) in a row; engine abort; the
+environment's `done` (AgentGym-protocol rows, awm_grpo.agentgym.client: stop reason "env_done").
 
 Recovery method (optional): with `awm_predicates` (a predicates JSONL) each turn that ran a tool
 gets Phi after it (awm_grpo.recovery.progress), every model turn its response-token span [start, end), and
@@ -48,6 +49,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from awm_grpo import drift_check, protocol
+from awm_grpo.agentgym.client import (
+    SCENARIO_PREFIX,
+    episode_target,
+    open_configured,
+    parse_agentgym_envs,
+    spec_for,
+)
 from awm_grpo.chat import ChatEncoder
 from awm_grpo.env_client import EnvConfig, EnvInfraError, EnvSession, ToolResult, open_env
 from awm_grpo.traces import write_trace
@@ -115,7 +123,8 @@ class RolloutConfig:
         env = EnvConfig(transport=get("transport", "inprocess"), data_dir=get("data_dir", None),
                         mcp_urls=tuple(get("mcp_urls", ())), workers=int(get("env_workers", 2)),
                         tool_timeout_s=float(get("tool_timeout", 30.0)),
-                        verifier_timeout_s=float(get("verifier_timeout", 30.0)))
+                        verifier_timeout_s=float(get("verifier_timeout", 30.0)),
+                        agentgym=parse_agentgym_envs(get("agentgym_envs", None)))
         cfg = cls(env=env, tool_mode=get("tool_mode", "meta"), calls_per_turn=get("calls_per_turn", "first"),
                   max_turns=int(get("max_turns", 15)), turn_schedule=get("turn_schedule", None),
                   max_tokens_per_turn=get("max_tokens_per_turn", None),
@@ -227,6 +236,8 @@ class ToolRunner:
                 self.episode.invalid_calls += 1
                 if self.cfg.terminate_on_invalid_call:
                     return texts, records, "invalid_call"
+            if result.done:  # the environment ended the episode (an AgentGym server's `done`)
+                return texts, records, "env_done"
             if self.repeats >= self.cfg.max_repeated_calls:
                 return texts, records, "repeated_call"
         return texts, records, stop
@@ -305,14 +316,16 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
     relax_gc()
     meta = sample.metadata or {}
     try:
-        scenario, task_idx = str(meta["scenario"]), int(meta["task_idx"])
+        target = episode_target(meta)  # an AgentGym row: scenario "agentgym:<env>", task_idx its data_idx
+        scenario, task_idx = (f"{SCENARIO_PREFIX}{target[0]}", target[1]) if target \
+            else (str(meta["scenario"]), int(meta["task_idx"]))
     except KeyError as exc:
         raise ValueError(f"sample {sample.index} has no {exc.args[0]!r} in its metadata: prompts must come from "
                          "awm_grpo.data_prep (metadata: scenario, task_idx, task)") from None
     episode = Episode(scenario, task_idx, str(meta.get("task", "")))
     env: EnvSession | None = None
     try:
-        env = await open_env_cancellable(cfg.env, scenario, task_idx)
+        env = await open_env_cancellable(cfg.env, episode)
         await _play(args, cfg, sample, sampling_params, policy, env, episode, segments, evaluation)
     except EnvInfraError as exc:
         episode.infra_error = str(exc)
@@ -331,11 +344,22 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
     return sample
 
 
-async def open_env_cancellable(cfg: EnvConfig, scenario: str, task_idx: int) -> EnvSession:
-    """`open_env`, except that a cancellation arriving while the episode opens (the step's batch filled and
+async def open_episode(cfg: EnvConfig, episode: Episode) -> EnvSession:
+    """The episode's environment: for an `agentgym:<env>` scenario one of that kind's AgentGym servers, and
+    the task the model reads becomes the env's instruction and first observation; else the AWM task over
+    `cfg.transport` (awm_grpo.env_client.open_env)."""
+    if not episode.scenario.startswith(SCENARIO_PREFIX):
+        return await open_env(cfg, episode.scenario, episode.task_idx)
+    env = await open_configured(cfg.agentgym, episode.scenario, episode.task_idx, cfg.tool_timeout_s)
+    episode.task = spec_for(cfg.agentgym, episode.scenario).task_text(env.initial_observation)
+    return env
+
+
+async def open_env_cancellable(cfg: EnvConfig, episode: Episode) -> EnvSession:
+    """`open_episode`, except that a cancellation arriving while the episode opens (the step's batch filled and
     slime cancels the episodes still in flight) lets the open finish and closes the episode: by then the
     environment may hold its DB (worker) or session (MCP server), which nothing else would release."""
-    opening = asyncio.ensure_future(open_env(cfg, scenario, task_idx))
+    opening = asyncio.ensure_future(open_episode(cfg, episode))
     try:
         return await asyncio.shield(opening)
     except asyncio.CancelledError:

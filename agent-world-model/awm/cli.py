@@ -63,6 +63,13 @@ def cmd_env_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_env_agentgym(args: argparse.Namespace) -> int:
+    from awm.serve.agentgym_server import run_server
+    run_server(_data_dir(args), args.host, args.port, args.workers, scenarios=args.scenario or None,
+               limits=limits_from(args), max_steps=args.max_steps, max_action_bytes=args.max_action_bytes)
+    return 0
+
+
 def cmd_env_check(args: argparse.Namespace) -> int:
     from awm.episode import EnvRuntime
     from awm.runtime.pool import InfraError
@@ -260,6 +267,25 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--workers", type=int, default=None, help="environment worker processes (default: CPU count)")
     add_limit_arguments(sp)
     sp.set_defaults(func=cmd_env_start)
+    sp = env.add_parser("agentgym", help="serve tasks over AgentGym's environment protocol (/create, /reset, "
+                        "/step, ...) at http://HOST:PORT",
+                        description="Serve AWM tasks to AgentGym clients: one env id = one isolated episode. "
+                        "/reset's data_idx indexes GET /tasks (the served scenarios' verified tasks by scenario "
+                        "name, then task_idx). Actions: `Action: <tool> with Action Input: <JSON object>`; "
+                        "`Action: finish with Action Input: {\"answer\": ...}` runs the verifier (reward 1.0 or "
+                        "0.0). The MCP limit flags apply per env id (--max-sessions caps open ids).")
+    data_dir(sp)
+    sp.add_argument("--scenario", nargs="*", help="serve only these scenarios (default: every runnable one)")
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only; "
+                    "any other needs the bearer token $AWM_MCP_TOKEN, else one is printed)")
+    sp.add_argument("--port", type=int, default=36002, help="port (default 36002; 0 = any free port, printed)")
+    sp.add_argument("--workers", type=int, default=None, help="environment worker processes (default: CPU count)")
+    sp.add_argument("--max-steps", type=int, default=50,
+                    help="actions per episode (malformed ones count) before it ends unverified (default 50)")
+    sp.add_argument("--max-action-bytes", type=int, default=64 * 1024,
+                    help="an action longer than this (UTF-8 bytes) is an error observation (default 65536)")
+    add_limit_arguments(sp)
+    sp.set_defaults(func=cmd_env_agentgym)
     sp = env.add_parser("check", help="print a scenario's tool list as JSON (name, description, inputSchema)")
     data_dir(sp)
     sp.add_argument("--scenario", required=True)

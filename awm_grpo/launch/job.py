@@ -174,6 +174,9 @@ def ensure_splits(cfg: ResolvedConfig, dry_run: bool) -> str:
     info_path = splits / "split_info.json"
     if all((splits / f).is_file() for f in ("train.jsonl", "val.jsonl")) and info_path.is_file():
         info = json.loads(info_path.read_text())
+        check_agentgym_splits(cfg, splits, info)
+        if info.get("agentgym_only"):  # written by awm_grpo.agentgym.client: no AWM data folder to match
+            return f"splits: {splits} (AgentGym prompts only, existing)"
         exclude = cfg["data.exclude_file"]
         asked = {"data_dir": want, "split_by": cfg["data.split_by"], "seed": cfg["data.split_seed"],
                  "max_scenarios": cfg["data.max_scenarios"], "exclude_file": exclude and str(Path(exclude).resolve()),
@@ -196,6 +199,21 @@ def ensure_splits(cfg: ResolvedConfig, dry_run: bool) -> str:
                    task_mix=cfg["data.task_mix"])
     counts = {n: c["tasks"] for n, c in info["counts"].items()}
     return f"splits: wrote {splits} ({counts})"
+
+
+def check_agentgym_splits(cfg: ResolvedConfig, splits: Path, info: dict) -> None:
+    """Every AgentGym environment the splits' rows play on must be configured (environment.agentgym_envs)."""
+    from awm_grpo.agentgym.client import agentgym_envs_of, parse_agentgym_envs
+
+    try:
+        known = {spec.name for spec in parse_agentgym_envs(cfg["environment.agentgym_envs"])}
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    missing = sorted(agentgym_envs_of(info) - known)
+    if missing:
+        raise LaunchError(f"{splits} has prompts played on AgentGym environments {missing}, which "
+                          "environment.agentgym_envs (AWM_AGENTGYM_ENVS) does not configure: set it to e.g. "
+                          f'{{"{missing[0]}": {{"urls": ["http://127.0.0.1:36001"]}}}} with its servers\' URLs')
 
 
 def start_mcp_servers(cfg: ResolvedConfig, children: Children, env: dict[str, str],

@@ -178,6 +178,10 @@ KNOBS: tuple[Knob, ...] = (
     K("environment.max_turns", "AWM_MAX_TURNS", "int", "yaml:awm_max_turns", "model turns per episode"),
     K("environment.turn_schedule", "AWM_TURN_SCHEDULE", "dict", "yaml:awm_turn_schedule",
       'null (fixed max_turns) or {"rounds": [10, 20, 30], "every": 100}', nullable=True),
+    K("environment.agentgym_envs", "AWM_AGENTGYM_ENVS", "dict", "yaml:awm_agentgym_envs",
+      'AgentGym-protocol environments for prompt rows with metadata {"agentgym": {"env", "data_idx"}} '
+      '(awm_grpo.agentgym.client): {"babyai": {"urls": ["http://127.0.0.1:36001"], "finish_action": null, '
+      '"instruction": null}}; null: AWM environments only', nullable=True),
     K("environment.max_tokens_per_turn", "AWM_MAX_TOKENS_PER_TURN", "int", "yaml:awm_max_tokens_per_turn",
       "cap on one model turn (null: the remaining budget)", nullable=True),
     K("environment.history_window_turns", "AWM_HISTORY_WINDOW_TURNS", "int", "yaml:awm_history_window_turns",
@@ -343,7 +347,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "inference.engine_max_batch_size": 64,
         "environment.data_dir": GPU_DATA, "environment.transport": "inprocess", "environment.mcp_urls": [],
         "environment.mcp_servers": 1, "environment.tool_mode": "meta", "environment.calls_per_turn": "first",
-        "environment.max_turns": 15, "environment.turn_schedule": None, "environment.max_tokens_per_turn": None, "environment.history_window_turns": None,
+        "environment.max_turns": 15, "environment.turn_schedule": None, "environment.agentgym_envs": None, "environment.max_tokens_per_turn": None, "environment.history_window_turns": None,
         "environment.max_observation_tokens": 2048, "environment.invalid_call_penalty": -1.0,
         "environment.terminate_on_invalid_call": False, "environment.max_repeated_calls": 3,
         "environment.tool_timeout": 30.0, "environment.verifier_timeout": 30.0, "environment.env_workers": 8,

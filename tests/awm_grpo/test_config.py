@@ -208,7 +208,8 @@ RUNTIME_KEYS = {
     "awm_max_tokens_per_turn", "awm_predicates", "awm_credit_method", "awm_credit_lambda", "awm_credit_beta",
     "awm_credit_eta", "awm_credit_gamma_v", "awm_credit_progress_form", "awm_credit_estimator", "awm_credit_baseline",
     "awm_credit_scale", "awm_credit_binary_only", "awm_judge_url", "awm_judge_model", "awm_judge_api_key_env",
-    "awm_judge_concurrency", "awm_judge_timeout", "awm_judge_retries", "awm_history_window_turns", "awm_drift_workers"}
+    "awm_judge_concurrency", "awm_judge_timeout", "awm_judge_retries", "awm_history_window_turns", "awm_drift_workers",
+    "awm_agentgym_envs"}
 
 
 def test_reference_variables_are_knobs_and_names_are_unique():

@@ -41,19 +41,13 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import itertools
-import json
 import logging
-import os
-import secrets
-import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
-import uvicorn
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
@@ -70,14 +64,24 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from awm.data import normalize_scenario_name
-from awm.episode import EnvRuntime, Episode, Snapshot, remove_stale_episode_dirs
+from awm.episode import EnvRuntime, Episode, Snapshot
 from awm.runtime.pool import InfraError
-from awm.serve.corked_http import guarded_protocol
+from awm.serve.http_common import (
+    LOOPBACK_HOST_HEADERS,
+    LOOPBACK_HOSTS,
+    HttpError,
+    RequireToken,
+    check_token,
+    json_body,
+    preview,
+    resolve_scenarios,
+    run_until_signalled,
+    serve_app,
+    until_stopped,
+)
 from awm.serve.limits import (
-    KEEP_ALIVE_TIMEOUT_S,
     MAX_SESSIONS,
     SESSION_IDLE_TIMEOUT_S,
-    TOKEN_ENV,
     ServerLimits,
     add_limit_arguments,
     limits_from,
@@ -85,10 +89,6 @@ from awm.serve.limits import (
 
 log = logging.getLogger(__name__)
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-LOOPBACK_HOST_HEADERS = ["127.0.0.1", "localhost", "[::1]"]  # the Host header values naming them
-SHUTDOWN_GRACE_S = 3.0  # uvicorn waits this long for open requests before cancelling them
-CONTROL_BODY_LIMIT = 1 << 20  # bytes of a control-plane request body (a final answer is far smaller)
 _TARGET = "awm.target"  # ASGI scope key: the validated (scenario, task_idx) of an MCP request
 
 
@@ -175,14 +175,6 @@ class _SessionEpisodes:
             await self.end(session_id)
 
 
-class _HttpError(Exception):
-    """A control-plane request that cannot be served; becomes a JSON error with this status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def _on_session_end(ctx: ServerRequestContext[Any, Any], callback: Callable[[], Awaitable[None]]) -> None:
     """Run `callback` when the SDK tears the MCP session down (DELETE, idle expiry, crash, shutdown).
 
@@ -235,7 +227,7 @@ class _McpEndpoint:
             return
         try:
             scope[_TARGET] = self.service.target(request)
-        except _HttpError as exc:
+        except HttpError as exc:
             await _rpc_error(exc.status, types.INVALID_REQUEST, str(exc))(scope, receive, send)
             return
         if MCP_SESSION_ID_HEADER not in request.headers:  # may open a session (initialize): note when it does
@@ -262,7 +254,7 @@ class _EpisodeService:
         self.limits = limits
         self.unused_expired = 0  # sessions closed for making no tools/call in time (counts go out in /limits)
         self.results_capped = 0  # tool results replaced by the over-the-cap error
-        self.scenarios, self.default = _resolve_scenarios(runtime, scenarios, default_scenario)
+        self.scenarios, self.default = resolve_scenarios(runtime, scenarios, default_scenario)
         self._allowed = set(self.scenarios)
         self.episodes = _SessionEpisodes(runtime)
         self._listings: dict[str, types.ListToolsResult] = {}
@@ -305,25 +297,25 @@ class _EpisodeService:
 
     # ---- routing ---------------------------------------------------------------------------
     def target(self, request: Request) -> _Target:
-        """The scenario and task an MCP URL names, or an _HttpError saying what to use instead."""
+        """The scenario and task an MCP URL names, or an HttpError saying what to use instead."""
         name = request.path_params.get("scenario")
         if name is None:
             if self.default is None:
-                raise _HttpError(404, f"this server has no default scenario: use /mcp/{{scenario}} with one of "
-                                      f"{_preview(self.scenarios)}")
+                raise HttpError(404, f"this server has no default scenario: use /mcp/{{scenario}} with one of "
+                                     f"{preview(self.scenarios)}")
             scenario = self.default
         else:
             scenario = normalize_scenario_name(name)
             if scenario not in self._allowed:
-                raise _HttpError(404, f"scenario {name!r} is not served here: use /mcp/{{scenario}} with one of "
-                                      f"{_preview(self.scenarios)}")
+                raise HttpError(404, f"scenario {name!r} is not served here: use /mcp/{{scenario}} with one of "
+                                     f"{preview(self.scenarios)}")
         raw = request.query_params.get("task_idx")
         if raw in (None, ""):
             return _Target(scenario, None)
         try:
             task_idx = int(raw)
         except ValueError:
-            raise _HttpError(400, f"task_idx must be an integer, got {raw!r}") from None
+            raise HttpError(400, f"task_idx must be an integer, got {raw!r}") from None
         _check_task(self.runtime, scenario, task_idx)
         return _Target(scenario, task_idx)
 
@@ -394,11 +386,11 @@ class _EpisodeService:
         session_id = request.path_params["session_id"]
         session = self.episodes.get(session_id)
         if session is None or (session.episode is None and session.failure is None):
-            raise _HttpError(404, f"no episode for MCP session {session_id!r}: an episode opens at its session's "
+            raise HttpError(404, f"no episode for MCP session {session_id!r}: an episode opens at its session's "
                                   "first tools/list or tools/call and closes when the session ends")
         if session.episode is None:
-            raise _HttpError(503, f"Infrastructure error: the episode of MCP session {session_id!r} was closed "
-                                  f"after an infrastructure failure ({session.failure}): start a new session")
+            raise HttpError(503, f"Infrastructure error: the episode of MCP session {session_id!r} was closed "
+                                 f"after an infrastructure failure ({session.failure}): start a new session")
         return session, session.episode
 
     async def _run(self, request: Request, action: Callable[[_Session, Episode, dict[str, Any]],
@@ -407,18 +399,18 @@ class _EpisodeService:
         try:
             session, episode = self._lookup(request)
             session.used = True
-            body = await _json_body(request)
+            body = await json_body(request)
             try:
                 return JSONResponse(await action(session, episode, body))
             except InfraError as exc:
                 await self.episodes.fail(session, str(exc))
-                raise _HttpError(503, f"Infrastructure error: {exc}") from None
+                raise HttpError(503, f"Infrastructure error: {exc}") from None
             except RuntimeError:
                 if not episode.closed:
                     raise
-                raise _HttpError(404, f"the episode of MCP session {session.session_id!r} closed during this "
+                raise HttpError(404, f"the episode of MCP session {session.session_id!r} closed during this "
                                       "request (its session ended)") from None
-        except _HttpError as exc:
+        except HttpError as exc:
             return JSONResponse({"error": str(exc), "infra_error": str(exc).startswith("Infrastructure error")},
                                 status_code=exc.status)
 
@@ -426,9 +418,9 @@ class _EpisodeService:
         async def action(session: _Session, episode: Episode, body: dict[str, Any]) -> dict[str, Any]:
             final_answer, task_idx = body.get("final_answer"), body.get("task_idx")
             if final_answer is not None and not isinstance(final_answer, str):
-                raise _HttpError(400, "final_answer must be a string or null")
+                raise HttpError(400, "final_answer must be a string or null")
             if task_idx is not None and (not isinstance(task_idx, int) or isinstance(task_idx, bool)):
-                raise _HttpError(400, "task_idx must be an integer or null")
+                raise HttpError(400, "task_idx must be an integer or null")
             self._bind_task(session, episode, task_idx)
             return (await episode.verify(final_answer)).to_dict()
         return await self._run(request, action)
@@ -437,12 +429,12 @@ class _EpisodeService:
         """Fix the task an episode is verified against: from the URL, else from the verify request."""
         if task_idx is None or task_idx == episode.task_idx:
             if episode.task_idx is None:
-                raise _HttpError(400, f"MCP session {session.session_id!r} was opened without a task: pass "
+                raise HttpError(400, f"MCP session {session.session_id!r} was opened without a task: pass "
                                       "\"task_idx\" in the verify request, or connect to /mcp/{scenario}?task_idx=N")
             return
         if episode.task_idx is not None:
-            raise _HttpError(409, f"MCP session {session.session_id!r} was opened for task {episode.task_idx}, "
-                                  f"not {task_idx}: open a session on /mcp/{episode.scenario}?task_idx={task_idx}")
+            raise HttpError(409, f"MCP session {session.session_id!r} was opened for task {episode.task_idx}, "
+                                 f"not {task_idx}: open a session on /mcp/{episode.scenario}?task_idx={task_idx}")
         _check_task(self.runtime, episode.scenario, task_idx)
         episode.assign_task(task_idx)
 
@@ -465,8 +457,8 @@ class _EpisodeService:
             snapshot_id = body.get("snapshot")
             snap = session.snapshots.get(snapshot_id) if isinstance(snapshot_id, str) else None
             if snap is None:
-                raise _HttpError(404, f"unknown snapshot {snapshot_id!r} for MCP session "
-                                      f"{session.session_id!r}: use an id returned by its /snapshot, one of "
+                raise HttpError(404, f"unknown snapshot {snapshot_id!r} for MCP session "
+                                     f"{session.session_id!r}: use an id returned by its /snapshot, one of "
                                       f"{sorted(session.snapshots)}")
             await episode.restore(snap)
             return {"status": "ok", "steps": episode.steps}
@@ -501,74 +493,10 @@ class _EpisodeService:
             await self.episodes.close_all()
 
 
-def _resolve_scenarios(runtime: EnvRuntime, scenarios: list[str] | None,
-                       default: str | None) -> tuple[list[str], str | None]:
-    """The allowed scenario names (normalised; None = every runnable one) and the default one."""
-    runnable = runtime.dataset.scenario_names(runnable_only=True)
-    names = runnable if scenarios is None else list(dict.fromkeys(normalize_scenario_name(s) for s in scenarios))
-    default = normalize_scenario_name(default) if default else None
-    if default and default not in names:
-        names.append(default)
-    missing = sorted(set(names) - set(runnable))
-    if missing:
-        raise ValueError(f"scenarios {missing} are not runnable in {runtime.dataset.data_dir} (each needs "
-                         f"gen_tasks, gen_db and gen_envs rows): choose from {_preview(runnable)}")
-    return names, default
-
-
 def _check_task(runtime: EnvRuntime, scenario: str, task_idx: int) -> None:
     n = len(runtime.dataset.tasks(scenario))
     if not 0 <= task_idx < n:
-        raise _HttpError(400, f"scenario {scenario!r} has {n} tasks: task_idx must be in 0..{n - 1}, got {task_idx}")
-
-
-def _preview(names: list[str], limit: int = 8) -> str:
-    return ", ".join(names[:limit]) + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
-
-
-async def _json_body(request: Request) -> dict[str, Any]:
-    """A control-plane request's JSON object body, read up to CONTROL_BODY_LIMIT bytes (the MCP path has
-    the SDK's own 4 MiB cap; this one had none)."""
-    if request.method != "POST":
-        return {}
-    declared = request.headers.get("content-length", "")
-    too_large = _HttpError(413, f"the request body is over {CONTROL_BODY_LIMIT} bytes: control-plane requests "
-                                "carry a small JSON object")
-    if declared.isdigit() and int(declared) > CONTROL_BODY_LIMIT:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > CONTROL_BODY_LIMIT:
-            raise too_large
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
-        raise _HttpError(400, "the request body must be a JSON object") from None
-    if not isinstance(body, dict):
-        raise _HttpError(400, "the request body must be a JSON object")
-    return body
-
-
-class _RequireToken:
-    """ASGI wrapper: every HTTP request must carry `Authorization: Bearer <token>` (compared in constant time)."""
-
-    def __init__(self, app: Any, token: str) -> None:
-        self.app, self.expected = app, f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                await JSONResponse({"error": f"send `Authorization: Bearer <token>`: the token printed when the "
-                                             f"server started, or ${TOKEN_ENV}"},
-                                   status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        raise HttpError(400, f"scenario {scenario!r} has {n} tasks: task_idx must be in 0..{n - 1}, got {task_idx}")
 
 
 def build_app(runtime: EnvRuntime, scenarios: list[str] | None = None, default_scenario: str | None = None, *,
@@ -599,16 +527,8 @@ def build_app(runtime: EnvRuntime, scenarios: list[str] | None = None, default_s
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
     if token:
-        middleware.append(Middleware(_RequireToken, token=token))
+        middleware.append(Middleware(RequireToken, token=token))
     return Starlette(routes=routes, middleware=middleware, lifespan=service.lifespan)
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn that leaves signals to its caller, so a signal during startup or teardown is handled too."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def _announce(scenario: str, url: str) -> None:
@@ -635,81 +555,23 @@ async def serve(runtime: EnvRuntime, scenario: str, *, host: str = "127.0.0.1", 
     else:
         max_sessions, session_idle_timeout_s = limits.max_sessions, limits.session_idle_timeout_s
     loopback = host in LOOPBACK_HOSTS
-    if not loopback and not token:
-        raise ValueError(f"serving on {host!r} reaches other machines: pass token= (the CLI reads ${TOKEN_ENV} "
-                         "or prints a fresh one), or bind to 127.0.0.1")
+    check_token(host, token)
     stop = stop or asyncio.Event()
     scenario = runtime.scenario(scenario).name  # KeyError naming the data directory if unknown
-    if not await _until_stopped(runtime.tools(scenario), stop):
+    if not await until_stopped(runtime.tools(scenario), stop):
         return
     app = build_app(runtime, scenarios, scenario, allowed_hosts=LOOPBACK_HOST_HEADERS if loopback else None,
                     session_idle_timeout_s=session_idle_timeout_s, max_sessions=max_sessions, token=token,
                     limits=limits)
-    # One send() per reply and head/body deadlines (awm.serve.corked_http); uvicorn's own knobs for the
-    # rest: idle keep-alive connections, and the head size under its h11 parser. No proxy headers:
-    # nothing here reads client addresses; no WebSocket upgrades: nothing here serves one.
-    server = _Uvicorn(uvicorn.Config(app, host=host, port=port, loop="asyncio", http=guarded_protocol(limits),
-                                     ws="none",
-                                     proxy_headers=False, log_level="warning", access_log=False, lifespan="on",
-                                     timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-                                     timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
-                                     h11_max_incomplete_event_size=limits.max_head_bytes))
-    app.state.read_guard = server.config.http.guard  # its counters go out in /limits
-    serving = asyncio.ensure_future(server.serve())
-    try:
-        while not (server.started or serving.done() or stop.is_set()):
-            await asyncio.sleep(0.01)
-        if server.started and not stop.is_set():
-            bound = server.servers[0].sockets[0].getsockname()[1]
-            ready(scenario, f"http://{f'[{host}]' if ':' in host else host}:{bound}/mcp")
-        await _until_stopped(asyncio.shield(serving), stop)
-    finally:
-        server.should_exit = True
-        await serving  # also when cancelled: uvicorn's shutdown closes every episode before we return
-
-
-async def _until_stopped(work: Awaitable[Any], stop: asyncio.Event) -> bool:
-    """Await `work` unless `stop` is set first (then cancel it); True when `work` finished."""
-    task, stopped = asyncio.ensure_future(work), asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    if not task.done():
-        task.cancel()
-        return False
-    task.result()
-    return True
+    await serve_app(app, host, port, limits, stop, lambda base: ready(scenario, f"{base}/mcp"))
 
 
 def run_server(data_dir: str | None, scenario: str, host: str, port: int, num_workers: int | None,
                scenarios: list[str] | None = None, limits: ServerLimits = ServerLimits()) -> None:
-    """Blocking entry point of `awm env start`: serve until SIGINT/SIGTERM, then close everything.
-
-    Everything = every episode, the worker processes and the verifier sandbox (the runtime).
-    """
-    token = os.environ.get(TOKEN_ENV) or None
-    if host not in LOOPBACK_HOSTS and token is None:
-        token = secrets.token_urlsafe(24)
-        print(f"AWM MCP server token (send `Authorization: Bearer <token>`; set ${TOKEN_ENV} to choose it): "
-              f"{token}", flush=True)
-    removed = remove_stale_episode_dirs()
-    if removed:
-        log.warning("removed %d episode dirs of servers that are gone: %s", len(removed), ", ".join(removed))
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        runtime = EnvRuntime(data_dir, num_workers=num_workers)
-        try:
-            await serve(runtime, scenario, host=host, port=port, scenarios=scenarios, stop=stop, token=token,
-                        limits=limits)
-        finally:
-            runtime.close()
-
-    asyncio.run(main())
+    """Blocking entry point of `awm env start`: serve until SIGINT/SIGTERM, then close everything."""
+    run_until_signalled("AWM MCP server", host, data_dir, num_workers,
+                        lambda runtime, stop, token: serve(runtime, scenario, host=host, port=port, scenarios=scenarios,
+                                                           stop=stop, token=token, limits=limits))
 
 
 def main(argv: list[str] | None = None) -> None:
