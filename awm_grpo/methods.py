@@ -77,8 +77,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="practice: the practice set of the bundled scenarios (their 10 tasks each plus every "
                         "task-family instance; 250 train / 107 held-out tasks), with docs/results.md's warm start; "
                         "bundled: their 60 hand-written tasks only (42 / 18), with the quick 2-layer start")
-    p.add_argument("--steps", type=int, default=6, help="GRPO steps per run (--batch prompts x 4 samples a step)")
-    p.add_argument("--batch", type=int, default=4, help="GRPO: prompts per step (ROLLOUT_BATCH_SIZE)")
+    p.add_argument("--steps", type=int, default=12, help="GRPO steps per run (--batch prompts x 4 samples a step)")
+    p.add_argument("--batch", type=int, default=8, help="GRPO: prompts per step (ROLLOUT_BATCH_SIZE)")
     p.add_argument("--lr", type=float, default=2e-4, help="GRPO learning rate (docs/results.md's)")
     p.add_argument("--max-turns", type=int, default=10,
                    help="the fixed horizon of `grpo`, the final one of `scaling`, and the evaluation's")
@@ -93,14 +93,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-limit", type=int, default=0, help="only the first N held-out tasks (0: all)")
     p.add_argument("--greedy", action="store_true", help="also evaluate greedily, 1 episode a task (on 2 shared "
                    "cores as long as the sampled evaluation: long greedy loops run to the turn limit)")
-    p.add_argument("--offline-tasks", type=int, default=48,
+    p.add_argument("--offline-tasks", type=int, default=96,
                    help="dpo / agentevol explore a seeded sample of this many train tasks, OUT/offline_train.jsonl "
-                        "(0: all); with the defaults every arm plays 96 training episodes (GRPO: 6 x 4 x 4)")
-    p.add_argument("--dpo-args", default="--samples 2", help="flags for `python -m awm_grpo.offline.dpo` (one "
-                   "string; default: 2 episodes a task)")
-    p.add_argument("--agentevol-args", default="--iterations 2 --samples 1",
-                   help="flags for `python -m awm_grpo.offline.agentevol` (one string; default: 2 rounds of 1 "
-                        "episode a task)")
+                        "(0: all); with the defaults every arm plays 384 training episodes (GRPO: 12 x 8 x 4)")
+    p.add_argument("--dpo-args", default="--samples 4", help="flags for `python -m awm_grpo.offline.dpo` (one "
+                   "string; default: 4 episodes a task)")
+    p.add_argument("--agentevol-args", default="--iterations 2 --samples 2",
+                   help="flags for `python -m awm_grpo.offline.agentevol` (one string; default: 2 rounds of 2 "
+                        "episodes a task)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per child")
     p.add_argument("--img-dir", help="also copy the plots here (docs/img for the docs' figures)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (what would run, what is done)")
@@ -250,8 +250,12 @@ def load_times(out: Path) -> dict[str, float]:
 
 def run_all(opts: argparse.Namespace, out: Path) -> None:
     """Run what the plan has not done yet, one child at a time, recording each one's wall time."""
-    times = load_times(out)
     (out / "eval").mkdir(parents=True, exist_ok=True)
+    mark = out / "data.json"  # the warm start's evaluation is "before" of every arm: never mix two --data
+    if mark.exists() and json.loads(mark.read_text())["data"] != opts.data:
+        raise SystemExit(f"{out} holds a --data {json.loads(mark.read_text())['data']} run: give another --out")
+    mark.write_text(json.dumps({"data": opts.data}))
+    times = load_times(out)
     for step in plan(opts, out):
         if step["name"] not in ("data", "splits") and not (out / "heldout.jsonl").exists():
             rows = [r for name in ("val", "test") for r in read_jsonl(folder(opts, out, "splits") / f"{name}.jsonl")]
@@ -272,24 +276,6 @@ def run_all(opts: argparse.Namespace, out: Path) -> None:
         print(f"[methods] {step['name']} done in {times[step['name']] / 60:.1f} min", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts = parse(argv)
-    out = Path(opts.out).resolve()
-    if opts.dry_run:
-        for step in plan(opts, out):
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (step.get("env") or {}).items())
-            print(f"# {step['name']}: {'done' if step['done'] else 'to run'}\n{env + ' ' if env else ''}"
-                  f"{shlex.join(step['cmd'])}")
-        return 0
-    out.mkdir(parents=True, exist_ok=True)
-    if not opts.report_only:
-        run_all(opts, out)
-    write_report(opts, out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def records(out: Path, name: str) -> list[dict[str, Any]] | None:
@@ -390,7 +376,7 @@ def summarize(opts: argparse.Namespace, out: Path) -> dict[str, Any]:
     times = load_times(out)
     curves = {arm: {str(s): run_curves(out / f"{arm}-s{s}", schedule(opts) if arm == "scaling" else None,
                                        opts.max_turns)
-                    for s in opts.seeds if (out / f"{arm}-s{s}" / "traces").exists()}
+                    for s in opts.seeds if trained(opts, out, arm, s)}  # finished runs only
               for arm in opts.arms if arm in RL_ARMS}
     cost: dict[str, Any] = {}
     offline: dict[str, dict[str, Any]] = {}
@@ -513,7 +499,7 @@ def plot(out: Path, result: dict[str, Any]) -> list[Path]:
     b = result["budget"]
     fig.suptitle(f"GRPO, fixed horizon {b['max_turns']} vs ScalingInter-RL rounds {b['rounds']} (every "
                  f"{result['schedule']['every']} steps): {b['steps']} steps x {b['batch']} prompts x 4 samples, "
-                 f"seeds {' '.join(map(str, b['seeds']))}", fontsize=9)
+                 f"seeds {' '.join(sorted({s for runs in result['curves'].values() for s in runs}))}", fontsize=9)
     fig.tight_layout()
     written.append(out / "methods_curves.png")
     fig.savefig(written[-1], dpi=110)
@@ -530,7 +516,8 @@ def plot(out: Path, result: dict[str, Any]) -> list[Path]:
         ax.bar(i, m, 0.6, yerr=sd if len(vals) > 1 else 0, capsize=4, color=colours.get(name, "tab:gray"), alpha=0.7)
         ax.scatter([i] * len(vals), vals, color="black", s=12, zorder=3)
     ax.axhline(result["before"], color="tab:gray", ls=":", lw=1)
-    ax.set_xticks(range(len(names)), names)
+    ax.set_xticks(range(len(names)), [n if n == "warm start" else f"{n}\n{len(result['arms'][n]['after'])} seeds"
+                                      for n in names])
     ax.set_ylabel(f"held-out success (T {b['eval_temperature']}, {b['eval_n']} a task)")
     ax.set_title(f"{result['heldout_tasks']} held-out tasks; bars: mean +- std over seeds, dots: seeds", fontsize=9)
     fig.tight_layout()
@@ -555,3 +542,23 @@ def write_report(opts: argparse.Namespace, out: Path) -> dict[str, Any]:
             shutil.copy(path, Path(opts.img_dir) / path.name)
     print("\n" + md + f"\nwrote {out / 'methods.json'}, {out / 'methods.md'}, " + ", ".join(map(str, plots)))
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse(argv)
+    out = Path(opts.out).resolve()
+    if opts.dry_run:
+        for step in plan(opts, out):
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (step.get("env") or {}).items())
+            print(f"# {step['name']}: {'done' if step['done'] else 'to run'}\n{env + ' ' if env else ''}"
+                  f"{shlex.join(step['cmd'])}")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    if not opts.report_only:
+        run_all(opts, out)
+    write_report(opts, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

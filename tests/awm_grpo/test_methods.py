@@ -34,7 +34,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def test_the_schedule_grows_to_the_fixed_horizon_in_equal_rounds():
-    assert methods.schedule(methods.parse([])) == {"rounds": [4, 7, 10], "every": 2}  # 6 steps by default
+    assert methods.schedule(methods.parse([])) == {"rounds": [4, 7, 10], "every": 4}  # 12 steps by default
     opts = methods.parse(["--steps", "12"])
     assert methods.schedule(opts) == {"rounds": [4, 7, 10], "every": 4}
     # the rollout's own rule: steps count from 0, so the run's steps 1-4 play 4 turns, 5-8 seven, 9-12 ten
@@ -68,10 +68,10 @@ def test_the_practice_plan_builds_the_practice_set_and_learnings_warm_start(tmp_
     assert ws.endswith(f"--seed 0 --out {out / 'ws0'}")  # awm_grpo.learning's start, its folder name
     scaling = lines[lines.index("# scaling-s4: to run") + 1]
     assert f"HF_CKPT={out / 'ws0'} AWM_SPLITS_DIR={out / 'PS'}" in scaling and f"AWM_DATA_DIR={out / 'P'}" in scaling
-    assert "NUM_ROLLOUT=6 ROLLOUT_BATCH_SIZE=4" in scaling and """'{"rounds": [4, 7, 10], "every": 2}'""" in scaling
+    assert "NUM_ROLLOUT=12 ROLLOUT_BATCH_SIZE=8" in scaling and """'{"rounds": [4, 7, 10], "every": 4}'""" in scaling
     dpo = lines[lines.index("# dpo-s4: to run") + 1]
     assert dpo.endswith(f"--prompts {out / 'offline_train.jsonl'} --config {out / 'eval_runtime.yaml'} "
-                        f"--out {out / 'dpo-s4'} --seed 4 --samples 2")
+                        f"--out {out / 'dpo-s4'} --seed 4 --samples 4")
     assert "--n 1 --temperature 1.0" in lines[lines.index("# eval dpo-s4: to run") + 1]
     opts = methods.parse(["--out", str(out)])
     keys = methods.eval_runtime(opts, out)  # every policy plays the practice set's worlds
@@ -102,7 +102,7 @@ def test_the_dry_run_plans_every_arm_from_one_warm_start_with_one_evaluation(tmp
         cmd = lines[lines.index(f"# {arm}-s1: to run") + 1]
         assert f"-m awm_grpo.offline.{arm} --model {out / 'ws'} --prompts {out / 'splits' / 'train.jsonl'}" in cmd
         assert f"--out {out / f'{arm}-s1'} --seed 1" in cmd
-    assert lines[lines.index("# agentevol-s1: to run") + 1].endswith("--seed 1 --iterations 2 --samples 1")
+    assert lines[lines.index("# agentevol-s1: to run") + 1].endswith("--seed 1 --iterations 2 --samples 2")
     evals = [lines[i + 1] for i, line in enumerate(lines) if line.startswith("# eval") and "greedy" not in line]
     assert len(evals) == 9 and all(f"--split {out / 'heldout.jsonl'}" in e and "--n 8 --temperature 1.0" in e
                                    and f"--config {out / 'eval_runtime.yaml'}" in e and "--seed 0" in e
@@ -123,7 +123,7 @@ def test_the_rl_arms_are_valid_launcher_jobs(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    for flag in ("--num-rollout 9", "--rollout-batch-size 4", "--lr 0.0002", "--seed 7", "--skip-eval-before-train",
+    for flag in ("--num-rollout 9", "--rollout-batch-size 8", "--lr 0.0002", "--seed 7", "--skip-eval-before-train",
                  f"--save {tmp_path / 'scaling-s7'}", "awm_max_turns: 10", "every: 3"):
         assert flag in text, flag
     assert "- 2\n  - 5\n  - 10" in text
@@ -179,6 +179,8 @@ def test_the_driver_resumes_running_only_what_is_missing(tmp_path, monkeypatch):
     methods.run_all(opts, out)  # an arm added later: only its run and evaluations
     assert started == ["dpo-s0", "dpo-s0", "dpo-s0-greedy"]
     assert methods.trained(opts, out, "dpo", 0)
+    with pytest.raises(SystemExit, match="holds a --data bundled run"):  # its "before" is another start's
+        methods.run_all(methods.parse(["--out", str(out)]), out)
 
 
 def test_the_offline_arms_explore_a_seeded_sample_spread_over_the_split(tmp_path):
@@ -253,17 +255,19 @@ def test_the_report_tables_and_plots_from_a_finished_folder(tmp_path):
                 for s in range(3)])
             write_jsonl(out / f"{arm}-s{seed}" / "metrics.jsonl",
                         [{"kind": "train", "step": s, "rollout/episodes_played": 32.0} for s in range(3)])
+            (out / f"{arm}-s{seed}" / "latest_checkpointed_iteration.txt").write_text("2\n")  # finished
+    write_jsonl(out / "grpo-s2" / "traces" / "rollout_000000.jsonl", [{"step": 0, "verdict": "complete"}])  # running
     (out / "dpo-s0").mkdir()
     (out / "dpo-s0" / "dpo.json").write_text(json.dumps({"episodes_played": 96, "wall_s": {"total": 50.0},
                                                          "pairs": {"pairs": 7, "unpaired": 3}, "pair_list": [[1, 2]]}))
     write_jsonl(out / "eval" / "dpo-s0.jsonl", episodes({0: [0, 0], 1: [0, 0]}))
     (out / "times.json").write_text(json.dumps({"grpo-s0": 120.0, "dpo-s0": 60.0}))
-    opts = methods.parse(["--out", str(out), "--seeds", "0", "1", "--steps", "3", "--rounds", "5", "7", "10",
+    opts = methods.parse(["--out", str(out), "--seeds", "0", "1", "2", "--steps", "3", "--rounds", "5", "7", "10",
                           "--arms", "grpo", "scaling", "dpo", "agentevol", "--img-dir", str(tmp_path / "img")])
     result = methods.write_report(opts, out)
     assert set(result["arms"]) == {"grpo", "scaling", "dpo"}  # agentevol has not run: no row, no error
     assert result["arms"]["scaling"]["vs_grpo_seeds"]["diff"] == pytest.approx(-0.5)
-    assert result["cost"]["grpo"]["episodes_played"] == {"0": 96, "1": 96}
+    assert result["cost"]["grpo"]["episodes_played"] == {"0": 96, "1": 96}  # not the unfinished run of seed 2
     assert result["cost"]["dpo"] == {"episodes_played": {"0": 96}, "train_s": {"0": 60.0}}
     assert result["offline"]["dpo"]["0"] == {"episodes_played": 96, "wall_s": {"total": 50.0},
                                              "pairs": {"pairs": 7, "unpaired": 3}}
@@ -271,8 +275,8 @@ def test_the_report_tables_and_plots_from_a_finished_folder(tmp_path):
     assert result["curves"]["scaling"]["0"]["horizon"] == {"0": 5, "1": 7, "2": 10}
     assert result["greedy"]["ws"] == 0.5 and "grpo mean_std" not in result["greedy"]
     md = (out / "methods.md").read_text()
-    assert "| warm start (before) | 25.0%" in md and "| grpo | 75.0% | 75.0% | 75.0% +- 0.0% | +50.0% +- 0.0%" in md
-    assert "| dpo | 0.0% | - |" in md and "| grpo | 96, 96 | 2.0 min, - |" in md
+    assert "| warm start (before) | 25.0%" in md and "| grpo | 75.0% | 75.0% | - | 75.0% +- 0.0% | +50.0% +- 0.0%" in md
+    assert "| dpo | 0.0% | - | - |" in md and "| grpo | 96, 96, - | 2.0 min, -, - |" in md
     assert json.loads((out / "methods.json").read_text())["commands"]["scaling-s1"].startswith("HF_CKPT=")
     for name in ("methods_curves.png", "methods_held_out.png"):
         assert (out / name).stat().st_size > 10_000 and (tmp_path / "img" / name).exists()
