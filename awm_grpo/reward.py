@@ -8,6 +8,11 @@ the verdict and what happened. The reward is
     outcome  complete -> awm_reward_complete (1.0)
              partial  -> awm_reward_partial  (0.1)  only if the verifier reports partial completion
              other    -> awm_reward_other    (0.0)
+             a document episode (awm_grpo.context.document: verifier_result["grading"] == "document_qa")
+             by its finish(answer) instead (StateLM's rule):
+             correct   -> awm_reward_doc_correct (1.0)
+             wrong     -> awm_reward_doc_wrong   (-0.5)
+             no_answer -> awm_reward_doc_none    (-1.0)  no finish call
     format   + awm_invalid_call_penalty (-1.0) if the agent wrote an invalid tool call; an episode
              terminated for it (awm_terminate_on_invalid_call) gets the penalty alone
 
@@ -24,6 +29,8 @@ from typing import Any
 from slime.utils.types import Sample
 
 PARTIAL_RESULTS = ("partial", "partially_complete", "partially_completed")
+DOCUMENT_OUTCOMES = {"correct": ("awm_reward_doc_correct", 1.0), "wrong": ("awm_reward_doc_wrong", -0.5),
+                     "no_answer": ("awm_reward_doc_none", -1.0)}
 
 
 def _knob(args: argparse.Namespace, name: str, default: float) -> float:
@@ -33,9 +40,16 @@ def _knob(args: argparse.Namespace, name: str, default: float) -> float:
 
 def outcome(args: argparse.Namespace, awm: dict[str, Any]) -> float:
     """Reward of the verdict alone."""
+    result = awm.get("verifier_result") or {}
+    if result.get("grading") == "document_qa":
+        knob = DOCUMENT_OUTCOMES.get(result.get("outcome"))
+        if knob is None:
+            raise ValueError(f"a document episode's outcome {result.get('outcome')!r} is not one of "
+                             f"{sorted(DOCUMENT_OUTCOMES)}: the verdict must come from awm_grpo.context.document")
+        return _knob(args, *knob)
     if awm.get("verdict") == "complete":
         return _knob(args, "awm_reward_complete", 1.0)
-    raw = (awm.get("verifier_result") or {}).get("result")
+    raw = result.get("result")
     if isinstance(raw, str) and raw.lower() in PARTIAL_RESULTS:
         return _knob(args, "awm_reward_partial", 0.1)
     return _knob(args, "awm_reward_other", 0.0)

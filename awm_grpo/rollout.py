@@ -57,6 +57,7 @@ from awm_grpo.agentgym.client import (
     spec_for,
 )
 from awm_grpo.chat import ChatEncoder
+from awm_grpo.context.document import DocumentEnv, document_target, ground_truth_of
 from awm_grpo.env_client import EnvConfig, EnvInfraError, EnvSession, ToolResult, open_env
 from awm_grpo.traces import write_trace
 from slime.rollout.sglang_rollout import GenerateState, count_generate_request, engine_url
@@ -174,6 +175,7 @@ class Episode:
     drift_tokens: int = 0
     recovery: dict[str, Any] | None = None  # awm_grpo.recovery.progress: Phi_0, preservation, per-turn credit signals
     judge: list[float | None] | None = None  # B2+: the judge's score per turn (None: no tool ran)
+    context: dict[str, Any] | None = None  # context management (awm_grpo.context.loop): deletions, samples, tokens
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0, "env_s": 0.0, "verify_s": 0.0})
 
     def summary(self) -> dict[str, Any]:
@@ -182,7 +184,8 @@ class Episode:
                 "stop_reason": self.stop_reason, "verdict": self.verdict, "infra_error": self.infra_error,
                 "invalid_calls": self.invalid_calls, "tool_calls": self.tool_calls,
                 "drift_tokens": self.drift_tokens, "verifier_result": self.verifier_result,
-                "timings": self.timings, "credit": (self.recovery or {}).get("credit"), "judge": self.judge}
+                "timings": self.timings, "credit": (self.recovery or {}).get("credit"), "judge": self.judge,
+                "context": self.context}
 
 
 def _training_step(sample: Sample) -> int:
@@ -306,27 +309,33 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     return [out, *segments] if segments else out
 
 
+Body = Callable[..., Awaitable[None]]
+"""The turn loop of one open episode: `_play`'s signature (awm_grpo.context.loop has the context-managed one)."""
+
+
 async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[str, Any], policy: Policy,
-               *, evaluation: bool = False, segments: list[Sample] | None = None) -> Sample:
+               *, evaluation: bool = False, segments: list[Sample] | None = None, body: Body | None = None) -> Sample:
     """Play one episode of `sample.metadata`'s task with `policy`; see the module docstring.
 
-    `segments`: collects the samples of turns generated from a windowed context (sliding window)."""
+    `segments`: collects the episode's further samples (sliding window, context snapshots). `body`: the turn
+    loop, `_play` by default; opening, infrastructure failures, metadata and the trace are the same for all."""
     cfg = RolloutConfig.from_args(args)
     _check_open_files(args)
     relax_gc()
     meta = sample.metadata or {}
+    document = document_target(meta)  # a document-QA row (awm_grpo.context.document)
     try:
-        target = episode_target(meta)  # an AgentGym row: scenario "agentgym:<env>", task_idx its data_idx
-        scenario, task_idx = (f"{SCENARIO_PREFIX}{target[0]}", target[1]) if target \
-            else (str(meta["scenario"]), int(meta["task_idx"]))
+        target = document or episode_target(meta)  # an AgentGym row: scenario "agentgym:<env>", task_idx its data_idx
+        scenario, task_idx = document or ((f"{SCENARIO_PREFIX}{target[0]}", target[1]) if target
+                                          else (str(meta["scenario"]), int(meta["task_idx"])))
     except KeyError as exc:
         raise ValueError(f"sample {sample.index} has no {exc.args[0]!r} in its metadata: prompts must come from "
                          "awm_grpo.data_prep (metadata: scenario, task_idx, task)") from None
     episode = Episode(scenario, task_idx, str(meta.get("task", "")))
     env: EnvSession | None = None
     try:
-        env = await open_env_cancellable(cfg.env, episode)
-        await _play(args, cfg, sample, sampling_params, policy, env, episode, segments, evaluation)
+        env = open_document(args, sample) if document else await open_env_cancellable(cfg.env, episode)
+        await (body or _play)(args, cfg, sample, sampling_params, policy, env, episode, segments, evaluation)
     except EnvInfraError as exc:
         episode.infra_error = str(exc)
         episode.stop_reason = episode.stop_reason or "infra_error"
@@ -338,10 +347,27 @@ async def play(args: argparse.Namespace, sample: Sample, sampling_params: dict[s
         sample.remove_sample = True
     sample.metadata = {**meta, "awm": episode.summary()}
     for k, seg in enumerate(segments or []):  # no trace record: the episode is counted once
-        seg.metadata = {**meta, "awm": sample.metadata["awm"], "awm_segment": {"of": sample.index, "k": k + 1}}
+        seg.metadata = {**meta, "awm": sample.metadata["awm"],
+                        "awm_segment": {"of": sample.index, "k": k + 1, **(seg.metadata or {}).get("awm_segment", {})}}
         seg.status, seg.remove_sample = sample.status, sample.remove_sample
     write_trace(cfg.trace_dir, "eval" if evaluation else "rollout", _training_step(sample), sample, episode)
     return sample
+
+
+def open_document(args: argparse.Namespace, sample: Sample) -> EnvSession:
+    """A document-QA episode (StateLM's layout): the row's document behind the document tools, graded against
+    the row's ground truth. Local and cheap: nothing to open or cancel."""
+    tokenizer = GenerateState(args).tokenizer
+    meta = sample.metadata or {}
+    return DocumentEnv(str(meta["document_content"]), ground_truth_of(sample.label, meta),
+                       lambda text: list(tokenizer.encode(text, add_special_tokens=False)),
+                       lambda ids: tokenizer.decode(ids), default_chunk_tokens=document_chunk_tokens(args))
+
+
+def document_chunk_tokens(args: argparse.Namespace) -> int:
+    """buildIndex's default chunk: StateLM's 4,000 tokens, or a quarter of a smaller context limit."""
+    limit = getattr(args, "awm_context_limit", None)
+    return 4000 if not limit else max(16, min(4000, int(limit) // 4))
 
 
 async def open_episode(cfg: EnvConfig, episode: Episode) -> EnvSession:
@@ -411,7 +437,7 @@ async def _play(args: argparse.Namespace, cfg: RolloutConfig, sample: Sample, sa
                 policy: Policy, env: EnvSession, episode: Episode, segments: list[Sample] | None = None,
                 evaluation: bool = False) -> None:
     tokenizer = GenerateState(args).tokenizer
-    encoder = _shared_encoder(args, tokenizer, cfg, env.tools)
+    encoder = _shared_encoder(args, tokenizer, cfg, env.tools, getattr(env, "system_prompt", None))
     task = episode.task or (sample.prompt[-1]["content"] if isinstance(sample.prompt, list) else str(sample.prompt))
     episode.task = task
     prefix = await start_state(env, sample.metadata or {})
@@ -525,21 +551,24 @@ async def judge_episode(args: argparse.Namespace, cfg: RolloutConfig, episode: E
         turn["judge_score"] = score
 
 
-def _shared_encoder(args: argparse.Namespace, tokenizer: Any, cfg: RolloutConfig,
-                    tools: list[dict[str, Any]]) -> ChatEncoder:
-    """`chat_encoder`, built once per run and tool list (meta mode: once): building one renders the
+def _shared_encoder(args: argparse.Namespace, tokenizer: Any, cfg: RolloutConfig, tools: list[dict[str, Any]],
+                    preamble: str | None = None) -> ChatEncoder:
+    """`chat_encoder`, built once per run, tool list (meta mode: one) and preamble: building one renders the
     template four times, which a step of 1,024 episodes would otherwise pay 1,024 times."""
     cache = args.__dict__.setdefault("_awm_encoders", {})
-    key = (id(tokenizer), json.dumps(tools, sort_keys=True) if cfg.tool_mode == "native" else None)
+    key = (id(tokenizer), json.dumps(tools, sort_keys=True) if cfg.tool_mode == "native" else None, preamble)
     if key not in cache:
-        cache[key] = chat_encoder(tokenizer, cfg, tools)
+        cache[key] = chat_encoder(tokenizer, cfg, tools, preamble)
     return cache[key]
 
 
-def chat_encoder(tokenizer: Any, cfg: RolloutConfig, tools: list[dict[str, Any]]) -> ChatEncoder:
-    """The episode's chat encoding: meta mode's fixed system prompt, or native mode's with the tool schemas."""
+def chat_encoder(tokenizer: Any, cfg: RolloutConfig, tools: list[dict[str, Any]],
+                 preamble: str | None = None) -> ChatEncoder:
+    """The episode's chat encoding: meta mode's fixed system prompt, or native mode's with the tool schemas;
+    `preamble` (a document task's or context management's instructions) goes before it."""
     native = cfg.tool_mode == "native"
-    return ChatEncoder(tokenizer, protocol.NATIVE_SYSTEM_PROMPT if native else protocol.META_SYSTEM_PROMPT,
+    system = protocol.NATIVE_SYSTEM_PROMPT if native else protocol.META_SYSTEM_PROMPT
+    return ChatEncoder(tokenizer, f"{preamble}\n\n{system}" if preamble else system,
                        protocol.native_tool_schemas(tools) if native else None, {"enable_thinking": cfg.enable_thinking})
 
 

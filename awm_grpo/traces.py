@@ -66,6 +66,7 @@ def write_trace(trace_dir: str | None, kind: str, step: int, sample: Any, episod
         "response_length": sample.response_length, "weight_versions": list(sample.weight_versions or []),
         "timings": episode.timings, "turns": episode.turns, "messages": episode.messages,
         "recovery": getattr(episode, "recovery", None),
+        "context": getattr(episode, "context", None),  # context management: deletions, samples, context tokens
         "handover": (sample.metadata or {}).get("handover"),  # a damaged start (recovery split), else None
     }
     sample.metadata[TRACE_KEY] = record
@@ -174,11 +175,28 @@ def episode_metrics(records: Sequence[dict[str, Any]], prefix: str) -> dict[str,
         out[f"{prefix}/stop/{reason}"] = count / n
     for key in ("generate_s", "env_s", "verify_s"):
         out[f"{prefix}/time/{key}"] = sum((r.get("timings") or {}).get(key, 0.0) for r in valid) / n
+    out.update(context_metrics(valid, prefix))
     by_type: dict[str, list[bool]] = defaultdict(list)
     for r in valid:
         by_type[r.get("task_type") or "unlabelled"].append(r.get("verdict") == "complete")
     for task_type, wins in by_type.items():
         out[f"{prefix}/success_rate/{task_type}"] = sum(wins) / len(wins)
+    return out
+
+
+def context_metrics(records: Sequence[dict[str, Any]], prefix: str) -> dict[str, float]:
+    """Context management's figures (awm_grpo.context.loop), per episode: deletions, samples made and kept,
+    the context the engine saw last and at its largest (tokens, and as a share of the limit)."""
+    managed = [r["context"] for r in records if r.get("context")]
+    if not managed:
+        return {}
+    n = len(managed)
+    out = {f"{prefix}/context/{key}_mean": sum(c.get(key, 0) for c in managed) / n
+           for key in ("deletions", "notes", "samples", "samples_made", "final_tokens", "peak_tokens")}
+    out[f"{prefix}/context/deleting_episodes"] = sum(c.get("deletions", 0) > 0 for c in managed) / n
+    limited = [c for c in managed if c.get("limit")]
+    if limited:
+        out[f"{prefix}/context/final_fraction_mean"] = sum(c["final_tokens"] / c["limit"] for c in limited) / len(limited)
     return out
 
 

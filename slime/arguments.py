@@ -28,7 +28,8 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
 - model: --hf-checkpoint, --model-name, --ref-load
 - data: --prompt-data (JSONL; parquet with pyarrow; `file@[start:end]` row slices), --input-key (a
   non-string prompt without --apply-chat-template stays as it is for the generate function), --label-key
-  (the value as is: a dict stays a dict), --metadata-key, --tool-key, --apply-chat-template,
+  (the value as is: a dict stays a dict), --metadata-key, --extra-metadata-keys (ours: row keys copied
+  into the sample's metadata under their own names), --tool-key, --apply-chat-template,
   --apply-chat-template-kwargs, --rollout-shuffle, --rollout-seed, --num-rollout, --num-epoch,
   --disable-rollout-global-dataset, --data-source-path (a class built as cls(args)), --buffer-filter-path
 - rollout: --rollout-batch-size, --n-samples-per-prompt, --over-sampling-batch-size,
@@ -217,10 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ref-load", default=None, help="reference model folder for the KL loss (default: --hf-checkpoint)")
 
     g = p.add_argument_group("data")
-    g.add_argument("--prompt-data", required=True, help="JSONL file of prompts")
+    g.add_argument("--prompt-data", required=True,
+                   help="prompt file: JSONL (one JSON object per line) or .parquet (pyarrow); "
+                        "FILE@[start:end] reads only those rows")
     g.add_argument("--input-key", default="input")
     g.add_argument("--label-key", default=None)
     g.add_argument("--metadata-key", default="metadata")
+    g.add_argument("--extra-metadata-keys", nargs="+", default=None, metavar="KEY",
+                   help="ours (upstream slime has no such flag): row keys (parquet columns) copied into "
+                        "each sample's metadata under their own names, beside --metadata-key's object; a "
+                        "row without one (or with null) is an error naming file and row")
     g.add_argument("--apply-chat-template", action="store_true")
     g.add_argument("--apply-chat-template-kwargs", type=json.loads, default={})
     g.add_argument("--rollout-shuffle", action="store_true")

@@ -400,6 +400,7 @@ def check(cfg: ResolvedConfig) -> list[str]:
     if v["training.async"] and v["hardware.colocate"]:
         raise ConfigError("training.async (ASYNC) generates while it trains, so the engines cannot share the "
                           "trainer's devices: set hardware.colocate false (COLOCATE=false)")
+    warnings += check_context(cfg)
     if cfg.profile != "cpu" and v["hardware.ray_address"] is None:  # one machine; a cluster places by itself
         used = v["hardware.train_num_gpus"] + (0 if v["hardware.colocate"] else v["hardware.rollout_num_gpus"])
         if used > v["hardware.num_gpus"]:
@@ -407,6 +408,48 @@ def check(cfg: ResolvedConfig) -> list[str]:
         if cfg.profile == "a100-40gb" and v["hardware.train_num_gpus"] < 2:
             warnings.append("Qwen3-4B's training state peaks at about 63 GiB on one GPU (fsdp, bf16, full recompute; "
                             "measured on an H200): a 40 GB card needs hardware.train_num_gpus >= 2 to shard it")
+    return warnings
+
+
+def context_managed(cfg: ResolvedConfig | Mapping[str, Any]) -> bool:
+    """Whether the run uses the context-managed rollout (awm_grpo.context.loop): context.tools or
+    context.limit set."""
+    v = cfg.values if isinstance(cfg, ResolvedConfig) else cfg
+    return bool(v["context.tools"]) or v["context.limit"] is not None
+
+
+def check_context(cfg: ResolvedConfig) -> list[str]:
+    """The context.* knobs: limit > reserve > 0, max_samples >= 1, and none of the per-turn features the
+    context-managed rollout refuses (awm_grpo.context.loop.ContextConfig) beside it. Raises ConfigError."""
+    v = cfg.values
+    if v["context.reserve"] < 1:
+        raise ConfigError(f"context.reserve = {v['context.reserve']} must be >= 1: it is the room kept for "
+                          f"the next model turn [{cfg.sources['context.reserve']}]")
+    if v["context.max_samples"] < 1:
+        raise ConfigError(f"context.max_samples = {v['context.max_samples']} must be >= 1 (the episode's "
+                          f"last sample is always kept) [{cfg.sources['context.max_samples']}]")
+    if not context_managed(cfg):
+        return []
+    limit_key = "context.limit" if v["context.limit"] is not None else "inference.max_context_len"
+    limit = v[limit_key]
+    if limit is None:
+        raise ConfigError("context.tools needs a context limit: set context.limit (AWM_CONTEXT_LIMIT), e.g. "
+                          "32768 as StateLM, or inference.max_context_len (ROLLOUT_MAX_CONTEXT_LEN)")
+    if limit <= v["context.reserve"]:
+        raise ConfigError(f"{limit_key} = {limit} must be larger than context.reserve = "
+                          f"{v['context.reserve']}: the reserve is the room kept inside the limit for the "
+                          "next model turn")
+    clashes = [f"{key} ({KNOB_BY_KEY[key].env})" for key in ("environment.history_window_turns",
+               "recovery.predicates", "recovery.credit_method", "recovery.judge_url") if v[key] is not None]
+    if clashes:
+        raise ConfigError("context.tools / context.limit run the context-managed rollout, which cannot run "
+                          f"with {', '.join(clashes)}: their per-turn bookkeeping assumes one token stream "
+                          "an episode; unset them, or leave context.tools false and context.limit null")
+    warnings = []
+    if v["inference.max_context_len"] is not None and limit > v["inference.max_context_len"]:
+        warnings.append(f"context.limit = {limit} exceeds inference.max_context_len = "
+                        f"{v['inference.max_context_len']}: the engine's cap ends episodes before the "
+                        "context budget does")
     return warnings
 
 

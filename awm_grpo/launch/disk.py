@@ -115,13 +115,30 @@ def plan(cfg: ResolvedConfig) -> DiskPlan:
 
 def _eval_episodes(cfg: ResolvedConfig) -> int:
     interval = cfg["training.eval_interval"]
-    val = Path(cfg["paths.splits_dir"]) / "val.jsonl"
+    if cfg["data.eval_prompt_file"]:
+        val = Path(cfg["data.eval_prompt_file"].rpartition("@[")[0] or cfg["data.eval_prompt_file"])
+    elif cfg["data.prompt_file"]:
+        return 0  # prompt files without eval prompts: no evals
+    else:
+        val = Path(cfg["paths.splits_dir"]) / "val.jsonl"
     if not interval or not val.is_file():
         return 0
-    with open(val, "rb") as f:
-        prompts = sum(1 for line in f if line.strip())
+    prompts = _count_rows(val)
     evals = cfg["training.num_rollout"] // interval + (0 if cfg["training.skip_eval_before_train"] else 1)
     return evals * prompts * cfg["training.n_samples_per_eval_prompt"]
+
+
+def _count_rows(path: Path) -> int:
+    """Rows of a prompt file: a parquet file's row count (from its footer), else its non-blank lines."""
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # no pyarrow, or not parquet: the launcher's layout check says so
+            return 0
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
 
 
 def _bytes_under(paths: list[Path]) -> int:

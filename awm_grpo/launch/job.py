@@ -4,8 +4,9 @@
 
 Steps: resolve every knob (`awm_grpo.launch.config`; printed with its source), check prerequisites with
 errors that say what to run (model folder, data folder, splits: written with `awm_grpo.data_prep`
-when missing), write the runtime YAML (`<save_dir>/awm_runtime.yaml`, the `awm_*` keys the rollout
-reads, passed as `--custom-config-path`), check the command against slime's own parser, then run
+when missing; or data.prompt_file / data.eval_prompt_file, JSONL or parquet, read with the flags of the
+layout their first row shows), write the runtime YAML (`<save_dir>/awm_runtime.yaml`, the `awm_*` keys
+the rollout reads, passed as `--custom-config-path`), check the command against slime's own parser, then run
 `python -m slime.train` (`slime.train_async` under training.async) as a child in its own process
 group. With `environment.transport: mcp` and no URLs it first starts `awm env start` servers. On
 exit, Ctrl-C or SIGTERM it stops exactly the processes it started (`awm_grpo.launch.processes`).
@@ -36,6 +37,7 @@ from awm_grpo.launch.config import (
     ConfigError,
     ResolvedConfig,
     config_template,
+    context_managed,
     knob_table,
     parse_sets,
     resolve,
@@ -51,7 +53,16 @@ PLUGINS = [  # the recipe's seams in slime (fixed; edit awm_grpo/reward.py to ch
     "--custom-rollout-log-function-path", "awm_grpo.traces.log_rollout",
     "--custom-eval-rollout-log-function-path", "awm_grpo.traces.log_eval",
 ]
+CONTEXT_GENERATE = "awm_grpo.context.loop.generate"  # context.tools / context.limit: the managed rollout
 MCP_READY = re.compile(r"AWM MCP server for \S+ at (http://\S+)/mcp")
+# A prompt file's layout (by the keys of its first row) -> the slime flags that read it.
+LAYOUTS: dict[str, tuple[frozenset[str], list[str]]] = {
+    "recipe": (frozenset({"text", "metadata"}),  # awm_grpo.data_prep's rows: chat messages + the task
+               ["--input-key", "text", "--metadata-key", "metadata", "--apply-chat-template"]),
+    "statelm": (frozenset({"prompt", "reward_model", "document_content"}),  # awm_grpo.context.docqa's rows
+                ["--input-key", "prompt", "--label-key", "reward_model", "--metadata-key", "extra_info",
+                 "--extra-metadata-keys", "document_content"]),
+}
 
 
 class LaunchError(RuntimeError):
@@ -91,17 +102,115 @@ def knob_flags(cfg: ResolvedConfig) -> list[str]:
     return flags
 
 
-def slime_command(cfg: ResolvedConfig, runtime_yaml: str | Path, extra: list[str] | None = None) -> list[str]:
-    """The full `python -m slime.train ...` command line."""
+def prompt_file_layout(path: str, knob: str = "data.prompt_file") -> str:
+    """The layout of a prompt file (a key of LAYOUTS) from the keys of its first row; LaunchError otherwise.
+
+    `path` may carry slime's `@[start:end]` row slice; the first row of the file decides either way.
+    """
+    return _layout_and_keys(path, knob)[0]
+
+
+def _layout_and_keys(path: str, knob: str) -> tuple[str, set[str]]:
+    """(layout, the keys with a value) of a prompt file's first row; see prompt_file_layout."""
+    from slime.rollout.data_source import _split_row_slice
+
+    real = _split_row_slice(path)[0]
+    if not Path(real).is_file():
+        raise LaunchError(f"{knob} {real} does not exist: point it at a JSONL or .parquet prompt file")
+    try:
+        row = _first_row(real)
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"{knob} {real}: cannot read its first row ({exc}): give a JSONL file (one JSON "
+                          "object a line) or a .parquet file") from None
+    keys = {k for k, v in row.items() if v is not None} if isinstance(row, dict) else set()
+    for name, (needs, _) in LAYOUTS.items():
+        if needs <= keys:
+            return name, keys
+    raise LaunchError(f"{knob} {real}: its first row has keys {sorted(keys)}, which is no layout the "
+                      "launcher knows: the recipe's {text, metadata} (python -m awm_grpo.data_prep's rows) "
+                      "or StateLM's {prompt, reward_model, document_content, extra_info} (python -m "
+                      "awm_grpo.context.docqa); write the file in one of them, or run python -m slime.train "
+                      "with your own --input-key flags")
+
+
+def _first_row(path: str) -> Any:
+    """The first row of a JSONL (first non-blank line) or parquet prompt file; None when it has none."""
+    if path.endswith(".parquet"):
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ValueError("reading parquet needs pyarrow (bash setup.sh installs it)") from None
+        try:
+            batch = next(pq.ParquetFile(path).iter_batches(batch_size=1), None)
+        except (pa.ArrowException, OSError, ValueError) as exc:  # pyarrow's ArrowInvalid, ...
+            raise ValueError(f"not a parquet file: {exc}") from None
+        return batch.to_pylist(maps_as_pydicts="strict")[0] if batch is not None and batch.num_rows else None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                return json.loads(line)
+    return None
+
+
+def prompt_flags(cfg: ResolvedConfig) -> list[str]:
+    """--prompt-data, --eval-prompt-data and the row-reading flags: the splits' (data_prep) files, or
+    data.prompt_file / data.eval_prompt_file read in the layout their first row shows."""
     splits = Path(cfg["paths.splits_dir"])
-    fixed = ["--prompt-data", str(splits / "train.jsonl"), "--eval-prompt-data", "val", str(splits / "val.jsonl"),
-             "--input-key", "text", "--metadata-key", "metadata", "--apply-chat-template", "--rollout-shuffle",
-             *PLUGINS, "--custom-config-path", str(runtime_yaml)]
+    train, evals = cfg["data.prompt_file"], cfg["data.eval_prompt_file"]
+    layout, keys = _layout_and_keys(train, "data.prompt_file") if train else ("recipe", set())
+    if evals:
+        eval_layout, eval_keys = _layout_and_keys(evals, "data.eval_prompt_file")
+        keys &= eval_keys
+        if eval_layout != layout:
+            raise LaunchError(f"data.eval_prompt_file {evals} is in the {eval_layout} layout but the "
+                              f"training prompts ({train or splits / 'train.jsonl'}) are in the {layout} "
+                              "layout: slime reads both with the same flags, so give eval prompts of the "
+                              "training prompts' layout")
+    flags = ["--prompt-data", train or str(splits / "train.jsonl")]
+    if evals or not train:
+        flags += ["--eval-prompt-data", "val", evals or str(splits / "val.jsonl")]
+    flags += LAYOUTS[layout][1]
+    if layout == "statelm" and "data_source" in keys:  # the document task's name (awm_grpo.context.document)
+        flags.append("data_source")  # one more --extra-metadata-keys value: that flag is the layout's last
+    return flags
+
+
+def uses_splits(cfg: ResolvedConfig) -> bool:
+    """Whether the run reads data_prep's splits (no data.prompt_file)."""
+    return not cfg["data.prompt_file"]
+
+
+def slime_command(cfg: ResolvedConfig, runtime_yaml: str | Path, extra: list[str] | None = None) -> list[str]:
+    """The full `python -m slime.train ...` command line. LaunchError when a prompt file cannot be read."""
+    plugins = list(PLUGINS)
+    if context_managed(cfg):  # StateLM's managed episodes: its own generate function
+        plugins[plugins.index("awm_grpo.rollout.generate")] = CONTEXT_GENERATE
+    fixed = [*prompt_flags(cfg), "--rollout-shuffle", *plugins, "--custom-config-path", str(runtime_yaml)]
     if cfg["recovery.credit_method"] is not None:  # the recovery method's per-turn credit (awm_grpo.recovery)
         fixed += ["--custom-advantage-function-path", "awm_grpo.recovery.advantages"]
-    if cfg["environment.history_window_turns"] is not None:  # B1's window splits an episode into samples:
-        fixed += ["--calculate-per-token-loss"]  # token-mean weighs its tokens as one sequence would
-    return [sys.executable, "-m", trainer_module(cfg), *knob_flags(cfg), *fixed, *(extra or [])]
+    # B1's window and the context-managed rollout split an episode into samples: per-token loss weighs
+    # their tokens as one sequence would (token-mean over the step, not a mean of sample means)
+    if cfg["environment.history_window_turns"] is not None or context_managed(cfg):
+        fixed += ["--calculate-per-token-loss"]
+    flags = knob_flags(cfg)
+    if not cfg["data.eval_prompt_file"] and not uses_splits(cfg):  # no eval prompts: no evals
+        flags = _without(flags, "--eval-interval", "--skip-eval-before-train", "--n-samples-per-eval-prompt")
+    return [sys.executable, "-m", trainer_module(cfg), *flags, *fixed, *(extra or [])]
+
+
+def _without(flags: list[str], *names: str) -> list[str]:
+    """`flags` less the named flags and their values (a flag's value is the next item unless it is a flag)."""
+    out, skip = [], False
+    for i, flag in enumerate(flags):
+        if skip:
+            skip = False
+            continue
+        if flag in names:
+            skip = i + 1 < len(flags) and not flags[i + 1].startswith("--")
+            continue
+        out.append(flag)
+    return out
 
 
 def trainer_module(cfg: ResolvedConfig) -> str:
@@ -219,7 +328,7 @@ def check_agentgym_splits(cfg: ResolvedConfig, splits: Path, info: dict) -> None
 def start_mcp_servers(cfg: ResolvedConfig, children: Children, env: dict[str, str],
                       timeout_s: float = 180.0) -> list[str]:
     """Start `environment.mcp_servers` local `awm env start` servers; returns their base URLs."""
-    scenario = first_train_scenario(Path(cfg["paths.splits_dir"]))
+    scenario = first_train_scenario(Path(cfg["paths.splits_dir"]), cfg["data.prompt_file"])
     cmd = [sys.executable, "-m", "awm.cli", "env", "start", "--scenario", scenario, "--port", "0",
            "--workers", str(cfg["environment.env_workers"])]
     if cfg["environment.data_dir"]:
@@ -233,9 +342,23 @@ def start_mcp_servers(cfg: ResolvedConfig, children: Children, env: dict[str, st
     return urls
 
 
-def first_train_scenario(splits: Path) -> str:
-    with open(splits / "train.jsonl") as f:
-        return json.loads(f.readline())["metadata"]["scenario"]
+def first_train_scenario(splits: Path, prompt_file: str | None = None) -> str:
+    """The AWM scenario of the first training prompt (the splits' train.jsonl, or data.prompt_file)."""
+    if not prompt_file:
+        with open(splits / "train.jsonl") as f:
+            return json.loads(f.readline())["metadata"]["scenario"]
+    from slime.rollout.data_source import _split_row_slice
+
+    real = _split_row_slice(prompt_file)[0]
+    row = _first_row(real)
+    metadata = row.get("metadata") if isinstance(row, dict) else None
+    if isinstance(metadata, str):
+        metadata = json.loads(metadata)
+    if not (isinstance(metadata, dict) and metadata.get("scenario")):
+        raise LaunchError("environment.transport mcp starts servers for the first training prompt's AWM "
+                          f"scenario, but the first row of data.prompt_file {real} names none "
+                          "(metadata.scenario): use transport inprocess, or give environment.mcp_urls")
+    return str(metadata["scenario"])
 
 
 def _wait_for_url(proc: subprocess.Popen, name: str, timeout_s: float) -> str:
@@ -330,10 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     save = Path(cfg["paths.save_dir"])
     runtime_yaml = save / "awm_runtime.yaml"
-    cmd = slime_command(cfg, runtime_yaml, extra)
-    for flag in extra_overrides(extra, cmd[: len(cmd) - len(extra)]):
-        logger.warning("%s after `--` overrides the value the config gives it", flag)
     try:
+        cmd = slime_command(cfg, runtime_yaml, extra)
+        for flag in extra_overrides(extra, cmd[: len(cmd) - len(extra)]):
+            logger.warning("%s after `--` overrides the value the config gives it", flag)
         check_model(cfg["paths.hf_checkpoint"], "paths.hf_checkpoint", "HF_CKPT")
         if cfg["grpo.kl_loss_coef"] > 0:
             check_model(cfg["paths.ref_checkpoint"], "paths.ref_checkpoint", "REF_CKPT")
@@ -346,7 +469,12 @@ def main(argv: list[str] | None = None) -> int:
             logger.warning("a real run here would stop: %s", refusal)
         elif warning:
             logger.warning(warning)
-        logger.info(ensure_splits(cfg, opts.dry_run))
+        if uses_splits(cfg):
+            logger.info(ensure_splits(cfg, opts.dry_run))
+        else:
+            evals = cfg["data.eval_prompt_file"] or "none (no data.eval_prompt_file)"
+            logger.info("prompts: %s (data.prompt_file; the splits are not used), eval: %s",
+                        cfg["data.prompt_file"], evals)
         problems = check_against_slime(cmd)
         if problems:
             raise LaunchError("; ".join(problems))

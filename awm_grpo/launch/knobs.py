@@ -46,9 +46,10 @@ class Derived:
 
 SECTIONS = {  # config.yaml's sections, in order, with the comment on their line
     "paths": "", "hardware": "",
-    "data": "used when the launcher writes missing splits (python -m awm_grpo.data_prep)",
+    "data": "the prompts: data_prep's splits (written when missing) or prompt files",
     "training": "", "optimizer": "", "grpo": "", "inference": "",
     "environment": "the awm_* keys of the runtime YAML (--custom-config-path) the rollout reads",
+    "context": "StateLM's context management (awm_grpo.context): memory tools, a context budget, samples",
     "recovery": "implicit recovery learning (docs/recovery-method.md)", "logging": "",
 }
 
@@ -59,7 +60,8 @@ KNOBS: tuple[Knob, ...] = (
     K("paths.save_dir", "SAVE_DIR", "path", "--save", "checkpoints, metrics.jsonl, tensorboard, runtime YAML"),
     K("paths.resume_checkpoint", "RESUME_CKPT", "path", "--load", "resume from the latest checkpoint here, if any"),
     K("paths.splits_dir", "AWM_SPLITS_DIR", "path", "launcher",
-      "train/val/test.jsonl (--prompt-data, --eval-prompt-data val); written by data_prep if missing"),
+      "train/val/test.jsonl (--prompt-data, --eval-prompt-data val); written by data_prep if missing; unused "
+      "when data.prompt_file is set"),
     K("paths.trace_dir", "AWM_TRACE_DIR", "path", "yaml:awm_trace_dir", "one JSONL record per trajectory"),
     K("hardware.profile", "AWM_PROFILE", "str", "launcher", "auto-profile: picks every `auto` default",
       choices=("cpu", "a100-40gb", "h100", "h200")),
@@ -89,6 +91,16 @@ KNOBS: tuple[Knob, ...] = (
     K("data.task_mix", "AWM_TASK_MIX", "str", "launcher",
       "data_prep --task-mix: training prompts natural (R1), state-mutating tasks twice (R2) or only (R3); "
       "val/test unchanged", choices=("natural", "mutating_2x", "mutating_only")),
+    K("data.prompt_file", "PROMPT_FILE", "path", "launcher",
+      "training prompts (--prompt-data) from this JSONL or .parquet file instead of the splits (FILE@[a:b]: "
+      "rows a..b-1); its first row tells the layout: the recipe's {text, metadata} (data_prep's rows: chat "
+      "template applied) or StateLM's {prompt, reward_model, document_content, extra_info} "
+      "(awm_grpo.context.docqa: --input-key prompt --label-key reward_model --metadata-key extra_info "
+      "--extra-metadata-keys document_content [data_source, when the row has one], no chat template); null: "
+      "the splits' train.jsonl", nullable=True),
+    K("data.eval_prompt_file", "EVAL_PROMPT_FILE", "path", "launcher",
+      "eval prompts (--eval-prompt-data val FILE), JSONL or .parquet, in the training prompts' layout; "
+      "null: the splits' val.jsonl, or no eval when data.prompt_file is set", nullable=True),
     K("training.num_rollout", "NUM_ROLLOUT", "int", "--num-rollout", "training steps (rollout + train)"),
     K("training.async", "ASYNC", "bool", "launcher",
       "one step off-policy: run python -m slime.train_async (step k+1's rollout is generated with step k's "
@@ -210,6 +222,31 @@ KNOBS: tuple[Knob, ...] = (
     K("environment.reward_partial", "AWM_REWARD_PARTIAL", "float", "yaml:awm_reward_partial",
       "reward when the verifier reports partial completion"),
     K("environment.reward_other", "AWM_REWARD_OTHER", "float", "yaml:awm_reward_other", "reward of other verdicts"),
+    K("environment.reward_doc_correct", "AWM_REWARD_DOC_CORRECT", "float", "yaml:awm_reward_doc_correct",
+      "document-QA rows (awm_grpo.context.docqa): reward of a correct finish(answer) (StateLM's +1)"),
+    K("environment.reward_doc_wrong", "AWM_REWARD_DOC_WRONG", "float", "yaml:awm_reward_doc_wrong",
+      "document-QA rows: reward of a wrong finish(answer) (StateLM's -0.5)"),
+    K("environment.reward_doc_none", "AWM_REWARD_DOC_NONE", "float", "yaml:awm_reward_doc_none",
+      "document-QA rows: reward of no finish call (a plain reply, or the budget or turn limit first; StateLM's -1)"),
+    K("context.tools", "AWM_CONTEXT_TOOLS", "bool", "yaml:awm_context_tools",
+      "StateLM's memory tools (checkBudget, note, readNote, updateNote, deleteContext) beside the "
+      "environment's; a document row brings the document tools. On (or context.limit set): the "
+      "context-managed rollout (--custom-generate-function-path awm_grpo.context.loop.generate, "
+      "--calculate-per-token-loss); not with environment.history_window_turns, recovery.predicates, "
+      "recovery.credit_method or recovery.judge_url"),
+    K("context.limit", "AWM_CONTEXT_LIMIT", "int", "yaml:awm_context_limit",
+      "tokens the engine's context may hold in a context-managed episode; context + reserve past it ends the "
+      "episode (stop context_budget). Set: the context-managed rollout, as context.tools; null: "
+      "inference.max_context_len when context.tools is on", nullable=True),
+    K("context.reserve", "AWM_CONTEXT_RESERVE", "int", "yaml:awm_context_reserve",
+      "tokens of context.limit kept for the next model turn (its new-token cap); limit > reserve > 0"),
+    K("context.samples", "AWM_CONTEXT_SAMPLES", "str", "yaml:awm_context_samples",
+      "how a context-managed episode becomes samples: snapshot (StateLM's generic mode: a deletion closes a "
+      "sample, the history re-rendered with stubs starts the next) or per_turn (every tool turn its own "
+      "sample)", choices=("snapshot", "per_turn")),
+    K("context.max_samples", "AWM_CONTEXT_MAX_SAMPLES", "int", "yaml:awm_context_max_samples",
+      "samples kept per context-managed episode: the last and max_samples - 1 of the others drawn at random "
+      "(seeded); >= 1"),
     K("recovery.predicates", "AWM_PREDICATES", "path", "yaml:awm_predicates",
       "predicates JSONL (`awm predicates build --out F`): per-turn progress in rollouts, traces and metrics",
       nullable=True),
@@ -296,7 +333,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "hardware.colocate": Derived(lambda get, g: not get("training.async"), "true (false when training.async)"),
         "hardware.ray_num_cpus": 8, "hardware.ray_address": None, "hardware.actor_num_nodes": 1,
         "data.split_by": "scenario", "data.split_seed": 42, "data.max_scenarios": None, "data.exclude_file": None,
-        "data.task_mix": "natural",
+        "data.task_mix": "natural", "data.prompt_file": None, "data.eval_prompt_file": None,
         "training.num_rollout": 200, "training.async": False,
         # Prompts a step per GPU that generates (docs/gpu.md has the arithmetic): one H200
         # engine holds about 64 episodes of this recipe in its KV cache, and a step's rollout lasts as
@@ -353,7 +390,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         "environment.tool_timeout": 30.0, "environment.verifier_timeout": 30.0, "environment.env_workers": 8,
         "environment.drift_workers": 2,  # a third of the driver's CPU an episode (docs/performance.md)
         "environment.enable_thinking": True, "environment.reward_complete": 1.0,
-        "environment.reward_partial": 0.1, "environment.reward_other": 0.0,
+        "environment.reward_partial": 0.1, "environment.reward_other": 0.0, "environment.reward_doc_correct": 1.0,
+        "environment.reward_doc_wrong": -0.5, "environment.reward_doc_none": -1.0,
+        # off by default; reserve and max_samples as StateLM's Qwen3 scripts run (2,048 tokens a turn,
+        # 8 samples an episode); its 32k context limit is context.limit's to set (null: max_context_len)
+        "context.tools": False, "context.limit": None, "context.reserve": 2048, "context.samples": "snapshot",
+        "context.max_samples": 8,
         "recovery.predicates": None, "recovery.credit_method": None, "recovery.credit_lambda": CreditConfig.lam,
         "recovery.credit_beta": CreditConfig.beta, "recovery.credit_eta": CreditConfig.eta,  # the method's home
         "recovery.credit_gamma_v": CreditConfig.gamma_v, "recovery.credit_progress_form": CreditConfig.progress_form,

@@ -60,21 +60,35 @@ def _split_row_slice(path: str) -> tuple[str, slice | None]:
     return head, slice(start, stop)
 
 
-def _read_rows(path: str) -> list[tuple[str, Any]]:
-    """(`file:line` for messages, row) of a .jsonl (or .parquet, with pyarrow) prompt file."""
-    real, rows_slice = _split_row_slice(str(path))
-    if not Path(real).is_file():
-        raise FileNotFoundError(f"prompt data {real} does not exist: check --prompt-data / --eval-prompt-data")
+def _read_parquet(real: str, rows_slice: slice | None) -> list[tuple[str, Any]]:
+    """(`file row i` for messages, row dict) of a parquet prompt file; every failure is a ValueError.
+
+    Rows are numbered from 0, as the `file@[start:end]` bounds count them. A parquet struct column gives
+    each row a dict holding all of the column's fields (None where a row lacks one); maps become dicts.
+    """
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ValueError(f"{real} is a parquet file, which needs pyarrow (pip install pyarrow, or bash "
+                         "setup.sh); or convert it to JSONL, one JSON object per line") from exc
+    try:
+        table = pq.read_table(real)
+        numbers = range(table.num_rows)[rows_slice] if rows_slice is not None else range(table.num_rows)
+        table = table.slice(numbers.start, len(numbers))
+        rows = table.to_pylist(maps_as_pydicts="strict")
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"{real} cannot be read as a parquet file ({why}): give a parquet file, or a JSONL "
+                         "file (one JSON object per line) under a name not ending in .parquet") from exc
+    return [(f"{real} row {number}", row) for number, row in zip(numbers, rows, strict=True)]
+
+
+def _read_jsonl(real: str, rows_slice: slice | None) -> list[tuple[str, Any]]:
+    """(`file:line` for messages, row) of a JSONL prompt file (blank lines skipped)."""
     rows: list[tuple[str, Any]] = []
-    if real.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ValueError(f"{real} is a parquet file, which needs pyarrow (pip install pyarrow); or convert "
-                             "it to JSONL, one JSON object per line") from exc
-        for number, row in enumerate(pq.read_table(real).to_pylist(), 1):
-            rows.append((f"{real} row {number}", row))
-    else:
+    number = 0
+    try:
         with open(real, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 if not line.strip():
@@ -84,53 +98,97 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
                 except ValueError as exc:
                     raise ValueError(f"{real}:{number} is not a JSON object ({exc}): the prompt file must hold "
                                      "one JSON object per line") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{real}:{number + 1} is not UTF-8 text ({exc.reason}): --prompt-data takes JSONL "
+                         "(one JSON object per line) or a .parquet file") from exc
     return rows if rows_slice is None else rows[rows_slice]
+
+
+def _read_rows(path: str) -> list[tuple[str, Any]]:
+    """(where, row) of a .jsonl (or .parquet, with pyarrow) prompt file; `where` names the file and row."""
+    real, rows_slice = _split_row_slice(str(path))
+    if not Path(real).is_file():
+        raise FileNotFoundError(f"prompt data {real} does not exist: check --prompt-data / "
+                                "--eval-prompt-data")
+    if real.endswith(".parquet"):
+        return _read_parquet(real, rows_slice)
+    return _read_jsonl(real, rows_slice)
+
+
+def _json_value(value: Any, what: str, where: str) -> Any:
+    """`value`, parsed when it is a JSON string (metadata and tools may be stored as JSON text)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {what} is a string but not valid JSON ({exc})") from exc
 
 
 def _row_tools(row: dict[str, Any], tool_key: str | None, where: str) -> list[Any] | None:
     """The row's tool list under `--tool-key` (a JSON string is parsed), or None when it has none."""
     if not tool_key or row.get(tool_key) is None:
         return None
-    tools = row[tool_key]
-    if isinstance(tools, str):
-        tools = json.loads(tools)
+    tools = _json_value(row[tool_key], f"{tool_key!r}", where)
     if not isinstance(tools, list):
         raise ValueError(f"{where}: {tool_key!r} must be a list of tool schemas, got {type(tools).__name__}")
     return tools
+
+
+def _present_keys(row: dict[str, Any]) -> list[str]:
+    """The row's keys with a value: a parquet row holds every column, null where the row has none."""
+    return sorted(k for k, v in row.items() if v is not None)
+
+
+def _row_metadata(args: Any, row: dict[str, Any], where: str) -> tuple[dict[str, Any], list[Any] | None]:
+    """The sample metadata of a row and its `--tool-key` tools (None: none). The metadata: `--metadata-key`
+    (an object or its JSON string), the tools as "tools", and (ours) each `--extra-metadata-keys` column
+    under its own name."""
+    metadata_key = getattr(args, "metadata_key", "metadata")
+    metadata = _json_value(row.get(metadata_key) or {}, f"{metadata_key!r}", where) or {}
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{where}: {metadata_key!r} must be an object (or a JSON string of one), "
+                         f"got {type(metadata).__name__}: set --metadata-key")
+    metadata = dict(metadata)
+    tools = _row_tools(row, getattr(args, "tool_key", None), where)
+    if tools is not None:
+        metadata["tools"] = tools
+    for key in getattr(args, "extra_metadata_keys", None) or ():
+        if row.get(key) is None:
+            raise ValueError(f"{where} has no key {key!r} (or it is null), which --extra-metadata-keys "
+                             f"copies into the metadata (the row has {_present_keys(row)})")
+        if key in metadata and metadata[key] != row[key]:
+            raise ValueError(f"{where}: --extra-metadata-keys {key!r} would overwrite a different {key!r} in "
+                             f"the row's {metadata_key!r}: rename one of them")
+        metadata[key] = row[key]
+    return metadata, tools
 
 
 def load_prompts(args: Any, path: str | Path, tokenizer: Any) -> list[Prompt]:
     """Read a prompt file (JSONL, or parquet with pyarrow; `file@[start:end]` takes a row slice).
 
     Each row gives `--input-key` (the prompt), `--label-key` (kept as is) and `--metadata-key` (an
-    object, or a JSON string of one). With `--apply-chat-template`, messages (or a bare string, as one
+    object, or a JSON string of one); (ours) `--extra-metadata-keys` columns join the metadata under
+    their own names. With `--apply-chat-template`, messages (or a bare string, as one
     user turn) are rendered with the tokenizer's template, the row's `--tool-key` tools and a generation
     prompt. Without it a string is the prompt text and any other value is kept for the generate function
     (slime's Dataset does the same; tau-bench's `--input-key index` gives an int). Text prompts over
-    `--rollout-max-prompt-len` tokens are dropped.
+    `--rollout-max-prompt-len` tokens are dropped. A bad row is a ValueError naming the file and row;
+    a null value counts as missing, as in parquet, where every row has every column.
     """
     prompts: list[Prompt] = []
     dropped = 0
     input_key, label_key = args.input_key, getattr(args, "label_key", None)
-    metadata_key, tool_key = getattr(args, "metadata_key", "metadata"), getattr(args, "tool_key", None)
     template = bool(getattr(args, "apply_chat_template", False))
     max_len = getattr(args, "rollout_max_prompt_len", None)
     for where, row in _read_rows(str(path)):
         if not isinstance(row, dict):
             raise ValueError(f"{where} holds a {type(row).__name__}, not a JSON object with key {input_key!r}")
-        if input_key not in row:
-            raise KeyError(f"{where} has no key {input_key!r} (it has {sorted(row)}): set --input-key")
+        if row.get(input_key) is None:
+            raise ValueError(f"{where} has no key {input_key!r} (or it is null; the row has "
+                             f"{_present_keys(row)}): set --input-key to the key that holds the prompt")
         raw = row[input_key]
-        metadata = row.get(metadata_key) or {}
-        if isinstance(metadata, str):
-            metadata = json.loads(metadata)
-        if not isinstance(metadata, dict):
-            raise ValueError(f"{where}: {metadata_key!r} must be an object (or a JSON string of one), "
-                             f"got {type(metadata).__name__}: set --metadata-key")
-        metadata = dict(metadata)
-        tools = _row_tools(row, tool_key, where)
-        if tools is not None:
-            metadata["tools"] = tools
+        metadata, tools = _row_metadata(args, row, where)
         if template:
             messages = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
             if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):

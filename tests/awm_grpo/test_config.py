@@ -205,11 +205,13 @@ RUNTIME_KEYS = {
     "awm_turn_schedule", "awm_max_observation_tokens", "awm_invalid_call_penalty", "awm_terminate_on_invalid_call",
     "awm_max_repeated_calls", "awm_tool_timeout", "awm_verifier_timeout", "awm_env_workers", "awm_trace_dir",
     "awm_enable_thinking", "awm_reward_complete", "awm_reward_partial", "awm_reward_other",
+    "awm_reward_doc_correct", "awm_reward_doc_wrong", "awm_reward_doc_none",
     "awm_max_tokens_per_turn", "awm_predicates", "awm_credit_method", "awm_credit_lambda", "awm_credit_beta",
     "awm_credit_eta", "awm_credit_gamma_v", "awm_credit_progress_form", "awm_credit_estimator", "awm_credit_baseline",
     "awm_credit_scale", "awm_credit_binary_only", "awm_judge_url", "awm_judge_model", "awm_judge_api_key_env",
     "awm_judge_concurrency", "awm_judge_timeout", "awm_judge_retries", "awm_history_window_turns", "awm_drift_workers",
-    "awm_agentgym_envs"}
+    "awm_agentgym_envs", "awm_context_tools", "awm_context_limit", "awm_context_reserve",
+    "awm_context_samples", "awm_context_max_samples"}
 
 
 def test_reference_variables_are_knobs_and_names_are_unique():
@@ -222,7 +224,8 @@ def test_reference_variables_are_knobs_and_names_are_unique():
 def distinct(knob, default):
     """A value unlike the default, valid for the knob."""
     special = {"training.global_batch_size": 8, "training.over_sampling_batch_size": 9,
-               "inference.engine_type": "sglang", "environment.transport": "mcp"}
+               "inference.engine_type": "sglang", "environment.transport": "mcp",
+               "context.limit": 4096}  # above context.reserve's 2048
     if knob.key in special:
         return special[knob.key]
     if knob.choices:
@@ -239,6 +242,8 @@ def test_every_knob_reaches_its_flag_or_runtime_key(knob):
     env = {**base, knob.env: json.dumps(value) if isinstance(value, (dict, list)) else str(value)}
     if knob.key in ("inference.sglang_mem_fraction_static", "inference.sglang_dtype"):
         env["AWM_ENGINE_TYPE"] = "sglang"  # a GPU-engine flag
+    if knob.key == "context.tools":
+        env["AWM_CONTEXT_LIMIT"] = "4096"  # the context-managed rollout needs a limit
     cfg = cpu(env=env)
     assert cfg[knob.key] == value and cfg.sources[knob.key] == f"env {knob.env}"
     cmd = slime_command(cfg, "/tmp/rt.yaml")
