@@ -5,7 +5,9 @@
 
 Each run is the recipe (`awm_grpo/run_awm_grpo.sh`) from the same start on the same train prompts for `--steps`
 steps, evaluated before and after training on the held-out tasks (val + test of `--splits`) under the same
-limit, with the arm's tools: `tools` (AWM_CONTEXT_TOOLS=1) or `none`. A run whose folder already has its
+limit, with the arm's tools: `tools` (AWM_CONTEXT_TOOLS=1) or `none`; `tools_wide`, a control, is `tools` with
+the limit raised by what the tools' instructions and the empty notes block cost in the prompt (counted with the
+start's tokenizer), so that it has the room `none` has for the episode itself. A run whose folder already has its
 final evaluation is not run again. The report (`OUT/study.json`, `OUT/study.md`) gives per run the held-out
 success before and after, training success, how often episodes ran out of context, deletions and notes.
 """
@@ -20,10 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from awm_grpo.launch.processes import recipe_env, run_logged
 
 REPO = Path(__file__).resolve().parents[2]
-ARMS = ("none", "tools")
+ARMS = ("none", "tools", "tools_wide")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -38,7 +42,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start-tools", help="the tools arm's start, when it differs (a warm start shown the tools)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument("--arms", nargs="+", default=["none", "tools"], choices=ARMS)
     p.add_argument("--limit", type=int, default=768, help="context limit, tokens (AWM_CONTEXT_LIMIT)")
     p.add_argument("--reserve", type=int, default=128, help="tokens kept for the next turn (AWM_CONTEXT_RESERVE)")
     p.add_argument("--steps", type=int, default=12)
@@ -61,8 +65,21 @@ def prompt_files(opts: argparse.Namespace, out: Path) -> tuple[Path, Path]:
     return out / "train.jsonl", out / "heldout.jsonl"
 
 
+def instruction_tokens(model: str | Path) -> int:
+    """Prompt tokens the memory tools add: their system-prompt paragraph and the (empty) notes block."""
+    from transformers import AutoTokenizer
+
+    from awm_grpo.context.history import memory_block
+    from awm_grpo.context.loop import MEMORY_PREAMBLE
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return len(tokenizer.encode(MEMORY_PREAMBLE + "\n\n", add_special_tokens=False)) \
+        + len(tokenizer.encode(memory_block({}), add_special_tokens=False))
+
+
 def run_env(opts: argparse.Namespace, out: Path, files: tuple[Path, Path], arm: str, seed: int) -> dict[str, str]:
-    start = opts.start_tools if arm == "tools" and opts.start_tools else opts.start
+    start = opts.start_tools if arm != "none" and opts.start_tools else opts.start
+    limit = opts.limit + (instruction_tokens(start) if arm == "tools_wide" else 0)
     data = {"PROMPT_FILE": str(files[0].resolve()), "EVAL_PROMPT_FILE": str(files[1].resolve())}
     if opts.data:
         data["AWM_DATA_DIR"] = str(Path(opts.data).resolve())
@@ -70,8 +87,8 @@ def run_env(opts: argparse.Namespace, out: Path, files: tuple[Path, Path], arm: 
             "LR": str(opts.lr), "AWM_INVALID_CALL_PENALTY": "0", "NUM_ROLLOUT": str(opts.steps),
             "ROLLOUT_BATCH_SIZE": str(opts.batch), "EVAL_INTERVAL": str(opts.steps),
             "SKIP_EVAL_BEFORE_TRAIN": "false", "AWM_MAX_TURNS": str(opts.max_turns), "TRAIN_SEED": str(seed),
-            "AWM_CONTEXT_LIMIT": str(opts.limit), "AWM_CONTEXT_RESERVE": str(opts.reserve),
-            "AWM_CONTEXT_TOOLS": "1" if arm == "tools" else "0", "SAVE_INTERVAL": str(opts.steps)}
+            "AWM_CONTEXT_LIMIT": str(limit), "AWM_CONTEXT_RESERVE": str(opts.reserve),
+            "AWM_CONTEXT_TOOLS": "0" if arm == "none" else "1", "SAVE_INTERVAL": str(opts.steps)}
 
 
 def metrics(run: Path) -> list[dict[str, Any]]:
@@ -94,7 +111,9 @@ def summarize(run: Path, steps: int) -> dict[str, Any] | None:
     def ctx(row: dict[str, Any], prefix: str, key: str) -> float:
         return float(row.get(f"{prefix}/context/{key}", 0.0))
 
-    return {"before": before["eval_awm/val/success_rate"], "after": after["eval_awm/val/success_rate"],
+    runtime = run / "awm_runtime.yaml"
+    limit = yaml.safe_load(runtime.read_text()).get("awm_context_limit") if runtime.exists() else None
+    return {"limit": limit, "before": before["eval_awm/val/success_rate"], "after": after["eval_awm/val/success_rate"],
             "train_success": statistics.mean(r["awm/success_rate"] for r in train) if train else None,
             "out_of_context_after": after.get("eval_awm/val/stop/context_budget", 0.0),
             "out_of_context_train": statistics.mean(r.get("awm/stop/context_budget", 0.0) for r in train)
@@ -133,13 +152,13 @@ def markdown(result: dict[str, Any]) -> str:
 
     lines = [f"Context limit {result['limit']} tokens ({result['reserve']} reserved), {result['steps']} GRPO steps, "
              f"{result['date']}.", "",
-             "| run | held-out before | after | train success | out of context (train) | deleting episodes | "
-             "deletions / episode | notes / episode | samples / episode |", "|---|---|---|---|---|---|---|---|---|"]
+             "| run | limit | held-out before | after | train success | out of context (train) | deleting episodes | "
+             "deletions / episode | notes / episode | samples / episode |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in result["runs"].items():
         if r is None:
-            lines.append(f"| {name} | not run | | | | | | | |")
+            lines.append(f"| {name} | not run | | | | | | | | |")
             continue
-        lines.append(f"| {name} | {pct(r['before'])} | {pct(r['after'])} | {pct(r['train_success'])} | "
+        lines.append(f"| {name} | {r['limit']} | {pct(r['before'])} | {pct(r['after'])} | {pct(r['train_success'])} | "
                      f"{pct(r['out_of_context_train'])} | {pct(r['deleting_episodes_train'])} | "
                      f"{r['deletions_per_episode_train']:.2f} | {r['notes_per_episode_train']:.2f} | "
                      f"{r['samples_per_episode_train']:.2f} |")

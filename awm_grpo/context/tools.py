@@ -215,6 +215,19 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def _dispatch(handlers: dict[str, Callable[[_Arguments], ToolResult]], allowed: dict[str, tuple[str, ...]],
+              family: str, name: Any, arguments: Any) -> ToolResult:
+    """One call of a tool set: its handler on checked arguments, or the error observation."""
+    handler = handlers.get(name) if isinstance(name, str) else None
+    if handler is None:
+        return _error(f"there is no tool {_clip(str(name))!r}; the {family} tools are {', '.join(handlers)}",
+                      "unknown_tool")
+    try:
+        return handler(_Arguments(name, arguments, allowed[name]))
+    except _ArgError as exc:
+        return _error(str(exc), exc.kind)
+
+
 class DocumentTools:
     """analyzeText, loadDocument, buildIndex, readChunk, searchEngine and finish over one document.
 
@@ -292,14 +305,7 @@ class DocumentTools:
 
     def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         """Run one tool; mistakes come back as error observations (is_error=True), never as exceptions."""
-        handler = self._handlers.get(name) if isinstance(name, str) else None
-        if handler is None:
-            return _error(f"there is no tool {_clip(str(name))!r}; the document tools are "
-                          f"{', '.join(DOCUMENT_TOOL_NAMES)}", "unknown_tool")
-        try:
-            return handler(_Arguments(name, arguments, self._allowed[name]))
-        except _ArgError as exc:
-            return _error(str(exc), exc.kind)
+        return _dispatch(self._handlers, self._allowed, "document", name, arguments)
 
     # -- the document's tokens ---------------------------------------------------------------------------------
 
@@ -555,14 +561,7 @@ class MemoryTools:
 
     def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         """Run one tool; mistakes come back as error observations (is_error=True), never as exceptions."""
-        handler = self._handlers.get(name) if isinstance(name, str) else None
-        if handler is None:
-            return _error(f"there is no tool {_clip(str(name))!r}; the memory tools are "
-                          f"{', '.join(MEMORY_TOOL_NAMES)}", "unknown_tool")
-        try:
-            return handler(_Arguments(name, arguments, self._allowed[name]))
-        except _ArgError as exc:
-            return _error(str(exc), exc.kind)
+        return _dispatch(self._handlers, self._allowed, "memory", name, arguments)
 
     def take_deletions(self) -> list[int]:
         """The message ids deleteContext accepted since the last take, in call order; empties the list."""
