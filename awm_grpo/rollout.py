@@ -60,6 +60,7 @@ from awm_grpo.chat import ChatEncoder
 from awm_grpo.context.document import DocumentEnv, document_target, ground_truth_of
 from awm_grpo.env_client import EnvConfig, EnvInfraError, EnvSession, ToolResult, open_env
 from awm_grpo.traces import write_trace
+from slime.engine.lora_adapters import generate_lora_fields
 from slime.rollout.sglang_rollout import GenerateState, count_generate_request, engine_url
 from slime.utils.fd_limit import raise_open_file_limit
 from slime.utils.http_utils import post
@@ -288,7 +289,8 @@ def engine_policy(args: argparse.Namespace, sample: Sample) -> Policy:
 
     async def turn(input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
         count_generate_request(args)
-        return await post(url, {"input_ids": input_ids, "sampling_params": params, "return_logprob": True})
+        return await post(url, {"input_ids": input_ids, "sampling_params": params, "return_logprob": True,
+                                **generate_lora_fields(args)})  # a LoRA run: lora_path = its adapter's name
 
     return turn
 

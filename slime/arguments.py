@@ -62,6 +62,8 @@ Supported slime flags, by group (defaults are slime's unless marked "ours"):
   --loss-type (policy_loss, sft_loss: masked NLL with the same aggregation; custom_loss is not implemented)
 - optimizer: --lr, --clip-grad, --seed, --weight-decay, --adam-beta1, --adam-beta2, --adam-eps,
   --lr-warmup-iters, --max-tokens-per-gpu, --micro-batch-size (caps samples per micro-batch)
+- lora (upstream's FSDP-backend names; torch and fsdp backends): --lora-rank (0: off), --lora-alpha,
+  --target-modules, --exclude-modules, --lora-adapter-path, --lora-dropout (upstream's Megatron-bridge flag)
 - weights: --update-weight-transport (disk; tensor: CUDA IPC to colocated SGLang engines, shared memory
   to CPU engines; nccl with --engine-type sglang on separate GPUs, GPU only: refused with --colocate,
   see `finalize_args`),
@@ -419,6 +421,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens-per-gpu", type=int, default=None, help="padded tokens per micro-batch")
     g.add_argument("--micro-batch-size", type=int, default=None, help="samples per micro-batch cap")
 
+    g = p.add_argument_group("lora")
+    g.add_argument("--lora-rank", type=int, default=0,
+                   help="LoRA rank r: train peft LoRA adapters on the frozen model (torch / fsdp backends); "
+                        "0: full fine-tuning")
+    g.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA alpha: the update is scaled by alpha / r")
+    g.add_argument("--target-modules", default="all-linear",
+                   help="modules LoRA adapts: all-linear (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) "
+                        "or a comma-separated list of module names")
+    g.add_argument("--exclude-modules", default=None, help="comma-separated names dropped from --target-modules")
+    g.add_argument("--lora-adapter-path", default=None,
+                   help="start the adapter from this peft adapter folder (its rank, alpha and targets must match)")
+    g.add_argument("--lora-dropout", type=float, default=0.0,
+                   help="dropout on the LoRA input while training; keep 0 for on-policy RL (the train step then "
+                        "sees another policy than the rollout)")
+
     g = p.add_argument_group("weight sync")
     g.add_argument("--update-weight-transport", default="disk", choices=["disk", "tensor", "nccl"],
                    help="disk: HF safetensors each engine loads; tensor: /update_weights_from_tensor from the "
@@ -506,6 +523,31 @@ def check_backend(args: argparse.Namespace) -> None:
                             "--bf16, or drop --bf16")
 
 
+def check_lora_args(args: argparse.Namespace) -> None:
+    """The LoRA flags make sense together and with the backend (read with getattr: older namespaces)."""
+    rank = getattr(args, "lora_rank", 0) or 0
+    if rank < 0:
+        raise ArgumentError(f"--lora-rank must be >= 0 (0: full fine-tuning), got {rank}")
+    if rank == 0:
+        if getattr(args, "lora_adapter_path", None):
+            raise ArgumentError("--lora-adapter-path needs --lora-rank > 0 (the adapter's rank)")
+        return
+    if getattr(args, "train_backend", "torch") == "megatron":
+        raise ArgumentError("--lora-rank > 0 is implemented by --train-backend torch and fsdp only (peft adapters on "
+                            "the HF model); use one of them, or --lora-rank 0 with megatron")
+    alpha, dropout = getattr(args, "lora_alpha", 16.0), getattr(args, "lora_dropout", 0.0)
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise ArgumentError(f"--lora-alpha must be > 0 and finite, got {alpha}")
+    if not 0.0 <= dropout < 1.0:
+        raise ArgumentError(f"--lora-dropout must be in [0, 1), got {dropout}")
+    from slime.engine.lora_adapters import parse_target_modules
+
+    try:
+        parse_target_modules(getattr(args, "target_modules", "all-linear"), getattr(args, "exclude_modules", None))
+    except ValueError as exc:
+        raise ArgumentError(str(exc)) from None
+
+
 def apply_custom_config(args: argparse.Namespace, path: str) -> None:
     """setattr every key of the YAML mapping at `path` onto `args` (slime's contract)."""
     try:
@@ -544,6 +586,7 @@ def finalize_args(args: argparse.Namespace) -> None:
     if args.actor_num_nodes * args.actor_num_gpus_per_node < 1:
         raise ArgumentError("--actor-num-nodes x --actor-num-gpus-per-node must be >= 1")
     check_backend(args)
+    check_lora_args(args)
     if args.update_weight_transport == "nccl" and args.engine_type != "sglang":
         raise ArgumentError("--update-weight-transport nccl needs --engine-type sglang (the CPU engine loads from disk)")
     if args.update_weight_transport == "tensor" and args.engine_type == "sglang" and not args.colocate:

@@ -145,6 +145,10 @@ class TrainActor:
     def save(self, save_dir: str, iteration: int, data_state: dict[str, Any]) -> str:
         return self._fan_out("save", save_dir, iteration, data_state)
 
+    def export_adapter(self, out_dir: str) -> str:
+        """The LoRA adapter as a peft folder (`--lora-rank` > 0): the adapter-only weight sync's payload."""
+        return self._fan_out("export_adapter", out_dir)
+
     def export(self, out_dir: str) -> str:
         """An HF folder with tokenizer, loadable by any engine (rank 0 writes it)."""
         return self._fan_out("export", out_dir)

@@ -124,6 +124,14 @@ KNOBS: tuple[Knob, ...] = (
       "full: gradient checkpointing; selective: LM-head chunks only; null: keep activations (Qwen3-4B does not "
       "fit one GPU without full, measured)", nullable=True,
       choices=("full", "selective")),
+    K("training.lora_rank", "LORA_RANK", "int", "--lora-rank",
+      "LoRA rank r: train peft adapters on the frozen model and sync only them to the engines; 0: full "
+      "fine-tuning (torch / fsdp backends)"),
+    K("training.lora_alpha", "LORA_ALPHA", "float", "--lora-alpha", "LoRA alpha: updates scaled by alpha / r"),
+    K("training.lora_target_modules", "LORA_TARGET_MODULES", "str", "--target-modules",
+      "modules LoRA adapts: all-linear (q, k, v, o, gate, up, down projections) or a comma-separated list"),
+    K("training.lora_dropout", "LORA_DROPOUT", "float", "--lora-dropout",
+      "dropout on the LoRA input while training (0 keeps the train step on the rollout's policy)"),
     K("training.dynamic_sampling_filter", "DYNAMIC_SAMPLING_FILTER_PATH", "str", "--dynamic-sampling-filter-path",
       "group filter (null: keep every group)", nullable=True),
     K("training.save_interval", "SAVE_INTERVAL", "int", "--save-interval", "steps between checkpoints"),
@@ -355,6 +363,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         # 1.1 s a step (fp32 torch backend: 65 GiB, 7.3 s). Colocated engines release their memory
         # meanwhile (--offload-rollout, on under --colocate).
         "training.train_backend": "fsdp", "training.bf16": True, "training.recompute_granularity": "full",
+        "training.lora_rank": 0, "training.lora_alpha": 16.0, "training.lora_target_modules": "all-linear",
+        "training.lora_dropout": 0.0,
         "training.save_interval": 10, "training.keep_checkpoints": 2, "training.eval_interval": 10,
         "training.n_samples_per_eval_prompt": 1,
         "training.skip_eval_before_train": True, "training.seed": 1234,

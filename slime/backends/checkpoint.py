@@ -10,6 +10,9 @@ Layout (format 2; the shape of slime's Megatron checkpoints, with an HF folder i
         trainer/            # torch.distributed.checkpoint (DCP): the optimizer state by parameter name
                             #   and, when model/ is not the trainer's exact weights (bf16 serving, fp32
                             #   training), the fp32 master weights; each rank writes its own shard file
+        adapter/            # LoRA runs only: the peft adapter (adapter_config.json + adapter_model.safetensors,
+                            #   servable with SGLang's --lora-paths); model/ then holds the merged weights and
+                            #   trainer/ the adapter (the exact weights, the base being frozen) and its moments
         scheduler.pt        # LR-scheduler state dict
         rng.pt              # torch CPU (and CUDA) generator states
         trainer_state.json  # format, step, iteration, python/numpy RNG, caller's data position, sizes

@@ -50,17 +50,20 @@ def full_optimizer_state(root: torch.nn.Module, optimizer: torch.optim.Optimizer
     return get_optimizer_state_dict(root, optimizer, options=_FULL)
 
 
-def sharded_state(root: torch.nn.Module, optimizer: torch.optim.Optimizer, *, with_weights: bool) -> dict[str, Any]:
+def sharded_state(root: torch.nn.Module, optimizer: torch.optim.Optimizer, *, with_weights: bool,
+                  trainable_only: bool = False) -> dict[str, Any]:
     """What a checkpoint's trainer/ holds, as this rank's shards (DTensors under FSDP2, plain tensors
     otherwise): {"optimizer": state by parameter name} and, `with_weights`, {"model": the parameters}
     (the exact master weights; views of the live parameters, so loading into them loads the model).
+    `trainable_only`: only the parameters that require grad (LoRA: the adapters; the base is frozen).
 
     Call it on every rank: under FSDP2 the optimizer state dict is built collectively. A fresh
     optimizer gets its state tensors allocated first (torch's zero-gradient step at lr 0).
     """
     state: dict[str, Any] = {"optimizer": get_optimizer_state_dict(root, optimizer)}
     if with_weights:
-        state["model"] = {name: param.detach() for name, param in root.named_parameters()}
+        state["model"] = {name: param.detach() for name, param in root.named_parameters()
+                          if param.requires_grad or not trainable_only}
     return state
 
 

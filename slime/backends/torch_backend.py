@@ -15,7 +15,7 @@ import numbers
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from torch import Tensor
 
 from slime.algorithms.losses import PolicyLossConfig, policy_loss
 from slime.backends import checkpoint as ckpt
+from slime.backends import lora as lora_mod
 from slime.backends import state_dicts
 from slime.backends.batching import MicroBatch, pack_micro_batch, plan_micro_batches, scatter_back
 from slime.backends.distributed import (
@@ -75,6 +76,9 @@ class TorchTrainer:
     mode during `train_step`: use configs with zero dropout (Qwen, Llama) or the ratio starts != 1.
     `dp`: this process's data-parallel rank (default: alone). With `dp.fsdp` the decoder layers and
     the root are sharded with FSDP2 and optimizer state is sharded with them.
+    `lora`: train peft LoRA adapters on the frozen model instead (`slime.backends.lora`): only the
+    adapters are in the optimizer and in checkpoints' trainer state; HF exports, checkpoints' model/ and
+    `hf_named_tensors` hold the merged weights; `adapter_tensors` / `save_adapter` give the adapter alone.
     """
 
     def __init__(
@@ -85,12 +89,16 @@ class TorchTrainer:
         ref_model: torch.nn.Module | str | os.PathLike | None = None,
         device: torch.device | str | None = None,
         dp: DataParallel | None = None,
+        lora: lora_mod.LoraSettings | None = None,
     ) -> None:
         self.config = c = config or TrainerConfig()
         self.dp = dp or DataParallel()
         self.model = _as_model(model)
         self.device = torch.device(device) if device is not None else next(self.model.parameters()).device
         self.model.to(self.device)
+        self.lora = lora
+        # peft's wrapper, kept for its adapter format; self.model stays the HF model (adapters injected)
+        self.peft_model = lora_mod.apply_lora(self.model, lora) if lora is not None else None
         if c.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.runner = self._wrap(self.model)
@@ -406,7 +414,8 @@ class TorchTrainer:
         """
         iteration = self.step if iteration is None else iteration
         dtype = ckpt.dtype_of(dtype) if dtype is not None else self._param_dtype()
-        exact = dtype == self._param_dtype()
+        # LoRA: model/ holds the merged weights, so the exact state is the adapter in trainer/ (base: frozen)
+        exact = dtype == self._param_dtype() and self.lora is None
         sizes = self.checkpoint_sizes(dtype)
         needed = sum(sizes.values())
         main = self.dp.is_main
@@ -423,8 +432,11 @@ class TorchTrainer:
         self._check_shared(save_dir, iteration, tmp, needed)
         with ckpt.writing(save_dir, iteration, tmp if main else None,
                           f"the sharded trainer state ({ckpt.TRAINER_DIR}/, every rank its shard)", needed):
-            ckpt.write_trainer_state(tmp, state_dicts.sharded_state(self.runner, self.optimizer, with_weights=not exact),
+            ckpt.write_trainer_state(tmp, state_dicts.sharded_state(self.runner, self.optimizer, with_weights=not exact,
+                                                                    trainable_only=self.lora is not None),
                                      self.dp.group)
+        adapter = self.adapter_tensors() if self.lora is not None else None  # collective under FSDP
+        base = lora_mod.base_fingerprint(self.runner, self.dp) if self.lora is not None else None  # collective too
         weights = self._full_hf_state()  # collective under FSDP
         result: tuple[str | None, str | None] = (None, None)
         if main:
@@ -434,10 +446,16 @@ class TorchTrainer:
                     ckpt.write_model_folder(tmp / "model", self._hf_writer(),
                                             weights if weights is not None else self.model.state_dict(), dtype,
                                             tokenizer_dir=tokenizer_dir)
+                if adapter is not None:
+                    with ckpt.writing(save_dir, iteration, tmp, f"the LoRA adapter ({lora_mod.ADAPTER_DIR}/)", needed):
+                        lora_mod.save_adapter(self.peft_model, adapter, tmp / lora_mod.ADAPTER_DIR)
                 payload = {"state": {"step": self.step, "data_state": data_state or {}},
                            "model_dtype": ckpt.dtype_name(dtype),
                            "master_weights": ckpt.MASTER_IN_MODEL if exact else ckpt.MASTER_IN_TRAINER,
                            "world_size": self.dp.world_size, "bytes": sizes}
+                if self.lora is not None:
+                    payload["lora"] = self.lora.describe()
+                    payload["lora_base_fingerprint"] = base
                 with ckpt.writing(save_dir, iteration, tmp, "the scheduler, RNG and state files and the rename into "
                                   "place", needed):
                     path = ckpt.finish_save(save_dir, tmp, iteration, scheduler=self.scheduler, payload=payload,
@@ -473,7 +491,13 @@ class TorchTrainer:
         """Bytes one save writes: model/ in `dtype`, master weights (when model/ is not exact), optimizer."""
         dtype = ckpt.dtype_of(dtype) if dtype is not None else self._param_dtype()
         count = sum(p.numel() for p in self.runner.parameters())  # a DTensor's numel is its global size
-        sizes = ckpt.save_sizes(count, dtype, master_dtype=self._param_dtype())
+        if self.lora is not None:  # model/: the merged weights; trainer/: the adapter and its moments
+            adapter = sum(p.numel() for _, p in lora_mod.adapter_parameters(self.runner))
+            sizes = ckpt.save_sizes(count - adapter, dtype, master_dtype=self._param_dtype())
+            size = torch.empty(0, dtype=self._param_dtype()).element_size()
+            sizes.update(master=adapter * size, optimizer=2 * adapter * size, adapter=adapter * size)
+        else:
+            sizes = ckpt.save_sizes(count, dtype, master_dtype=self._param_dtype())
         state = [v for s in self.optimizer.state.values() for v in s.values() if isinstance(v, Tensor) and v.dim()]
         if state:  # the optimizer's real state (AdamW: two moments); before the first step, the estimate
             sizes["optimizer"] = sum(v.numel() * v.element_size() for v in state)
@@ -489,6 +513,7 @@ class TorchTrainer:
         weights and by-name optimizer state). Returns {"iteration", "step", "data_state", "path"}.
         """
         found, payload = ckpt.read_state(path)
+        self._check_lora_checkpoint(found, payload)
         main = self.dp.is_main or not self.dp.fsdp  # FSDP: rank 0 reads full tensors, the others receive
         if payload["format"] == 1:
             self._load_weights_folder(found, main)
@@ -497,7 +522,8 @@ class TorchTrainer:
             master_in_trainer = payload["master_weights"] == ckpt.MASTER_IN_TRAINER
             if not master_in_trainer:
                 self._load_weights_folder(found, main)
-            state = state_dicts.sharded_state(self.runner, self.optimizer, with_weights=master_in_trainer)
+            state = state_dicts.sharded_state(self.runner, self.optimizer, with_weights=master_in_trainer,
+                                              trainable_only=self.lora is not None)
             ckpt.read_trainer_state(found, state, self.dp.group)
             state_dicts.load_sharded_state(self.runner, self.optimizer, state)
         scheduler = ckpt.read_scheduler(found, payload) if main else None
@@ -510,6 +536,27 @@ class TorchTrainer:
             "data_state": payload["state"]["data_state"],
             "path": payload["path"],
         }
+
+    def _check_lora_checkpoint(self, found: Path, payload: dict[str, Any]) -> None:
+        """A LoRA trainer resumes LoRA checkpoints of the same adapter shape only, and the other way round."""
+        saved = payload.get("lora")
+        if self.lora is None and saved is not None:
+            raise ValueError(f"{found} is a LoRA checkpoint ({saved}): resume it with the same --lora-rank, "
+                             f"--lora-alpha and --target-modules, or serve/train its merged model/ folder as "
+                             "--hf-checkpoint")
+        if self.lora is not None:
+            if saved is None:
+                raise ValueError(f"{found} is a full fine-tuning checkpoint: LoRA cannot resume it. To train an "
+                                 "adapter on top of it, pass its model/ folder as --hf-checkpoint and start without "
+                                 "--load")
+            if saved != self.lora.describe():
+                raise ValueError(f"{found} holds a LoRA adapter {saved}, this trainer's is {self.lora.describe()}: "
+                                 "pass the checkpoint's rank, alpha, target modules and dropout")
+            base = payload.get("lora_base_fingerprint")
+            now = lora_mod.base_fingerprint(self.runner, self.dp)  # collective under FSDP
+            if isinstance(base, float) and not lora_mod.same_base(base, now):
+                raise ValueError(f"{found} holds an adapter trained on other base weights (sum |w| {base!r}, this "
+                                 f"trainer's {now!r}): resume with the --hf-checkpoint that run started from")
 
     def _load_weights_folder(self, found: Path, main: bool) -> None:
         """The exact weights from the iteration's model/ folder (format 1, or format 2 saved in fp32)."""
@@ -543,10 +590,40 @@ class TorchTrainer:
         self.dp.barrier()
         return str(out_dir)
 
+    # ---- LoRA: the adapter alone (slime.backends.lora) -----------------------------------------
+
+    def adapter_tensors(self, dtype: str | torch.dtype | None = None) -> dict[str, Tensor]:
+        """The LoRA adapter as peft saves it: {peft key (`base_model.model.<module>.lora_A.weight`): full
+        tensor}, copies on the trainer's device, in `dtype` (default the parameters'). Collective under
+        FSDP2 (every rank gets every tensor). `lora_mod.tensor_bytes(...)` is what sending them costs."""
+        if self.lora is None:
+            raise ValueError("adapter_tensors needs a LoRA trainer (--lora-rank > 0); this one trains the full model")
+        return lora_mod.adapter_tensors(self.runner, dtype=ckpt.dtype_of(dtype) if dtype is not None else None)
+
+    def save_adapter(self, out_dir: str | os.PathLike, dtype: str | torch.dtype | None = None) -> str:
+        """Write the adapter as a peft adapter folder (adapter_config.json + adapter_model.safetensors, what
+        SGLang's --lora-paths and /load_lora_adapter read), atomically; rank 0 writes. Collective."""
+        tensors = self.adapter_tensors(dtype)
+        if self.dp.is_main:
+            lora_mod.save_adapter(self.peft_model, tensors, out_dir)
+        self.dp.barrier()
+        return str(out_dir)
+
+    def hf_named_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full tensor) for tensor weight syncs (`slime.weight_sync.trainer_hf_tensors`); with LoRA
+        the merged weights, never the base under peft's names. Collective under FSDP2."""
+        if self.lora is not None:
+            return lora_mod.merged_named_tensors(self.model, self.lora.scaling)
+        from slime.weight_sync import hf_named_tensors
+
+        return hf_named_tensors(self.model)
+
     # ---- what a backend with another model class overrides (see megatron_backend) --------------
 
     def _full_hf_state(self) -> dict[str, Tensor] | None:
-        """HF-named full weights to write, or None: `_hf_writer()` saves its own."""
+        """HF-named full weights to write, or None: `_hf_writer()` saves its own. With LoRA: merged."""
+        if self.lora is not None:
+            return lora_mod.merge_state(state_dicts.full_model_state(self.runner), self.lora.scaling)
         return state_dicts.full_model_state(self.runner) if self.dp.fsdp else None
 
     def _hf_writer(self) -> Any:

@@ -26,6 +26,7 @@ from slime.algorithms.estimators import policy_loss_type
 from slime.algorithms.losses import PolicyLossConfig, opd_token_advantages, tis_options
 from slime.arguments import serving_dtype
 from slime.backends.distributed import init_data_parallel, shard_by_tokens
+from slime.backends.lora import LoraSettings
 from slime.backends.torch_backend import TorchTrainer, TrainerConfig, _sample_token_advantages
 from slime.utils.types import Sample
 
@@ -113,7 +114,9 @@ class TrainWorker:
             from slime.backends.megatron_backend import MegatronTrainer
 
             trainer_cls = MegatronTrainer
-        self.trainer = trainer_cls(args.hf_checkpoint, trainer_config(args), ref_model=ref, device=device, dp=dp)
+        lora = LoraSettings.from_args(args)  # None at --lora-rank 0 (full fine-tuning)
+        self.trainer = trainer_cls(args.hf_checkpoint, trainer_config(args), ref_model=ref, device=device, dp=dp,
+                                   **({"lora": lora} if lora is not None else {}))
         self._tokenizer = None
         self._tensor_sync: Any = None
 
@@ -128,6 +131,11 @@ class TrainWorker:
         return self.trainer.save_checkpoint(save_dir, iteration=iteration, data_state=data_state,
                                             tokenizer_dir=self.args.hf_checkpoint, dtype=serving_dtype(self.args),
                                             keep=getattr(self.args, "keep_checkpoints", None) or None)
+
+    def export_adapter(self, out_dir: str) -> str:
+        """The LoRA adapter alone as a peft folder in the engines' serving dtype (what /load_lora_adapter reads);
+        collective, rank 0 writes."""
+        return self.trainer.save_adapter(out_dir, dtype=serving_dtype(self.args))
 
     def export(self, out_dir: str) -> str:
         """An HF folder with tokenizer in the engines' serving dtype (config.json says which), loadable by

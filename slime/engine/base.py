@@ -10,6 +10,8 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from slime.engine.lora_adapters import load_adapter_body, unload_adapter_body
+
 
 class Route(NamedTuple):
     """One kind of HTTP request the project sends to an SGLang engine."""
@@ -37,6 +39,8 @@ UPDATE_WEIGHTS_FROM_DISTRIBUTED = Route("POST", "/update_weights_from_distribute
 DESTROY_WEIGHTS_UPDATE_GROUP = Route("POST", "/destroy_weights_update_group")
 BEGIN_WEIGHT_UPDATE = Route("POST", "/begin_weight_update")  # sglang >= 0.5.21 loads tensors only inside
 END_WEIGHT_UPDATE = Route("POST", "/end_weight_update")  # a begin ... end session (slime.weight_sync)
+LOAD_LORA_ADAPTER = Route("POST", "/load_lora_adapter")  # a LoRA run's adapter sync (slime.engine.lora_adapters)
+UNLOAD_LORA_ADAPTER = Route("POST", "/unload_lora_adapter")
 
 # Every request the project sends to an engine, including what the router forwards (it relays the
 # client's method for /flush_cache and the deprecated info routes). tests/slime/test_sglang_conformance.py
@@ -47,7 +51,7 @@ ENGINE_ROUTES: tuple[Route, ...] = (
     Route("GET", "/get_model_info"), SERVER_INFO, Route("GET", "/get_server_info"), UPDATE_WEIGHTS_FROM_DISK,
     PAUSE_GENERATION, CONTINUE_GENERATION, RELEASE_MEMORY, RESUME_MEMORY, ABORT, LOADS,
     UPDATE_WEIGHTS_FROM_TENSOR, INIT_WEIGHTS_UPDATE_GROUP, UPDATE_WEIGHTS_FROM_DISTRIBUTED,
-    DESTROY_WEIGHTS_UPDATE_GROUP, BEGIN_WEIGHT_UPDATE, END_WEIGHT_UPDATE,
+    DESTROY_WEIGHTS_UPDATE_GROUP, BEGIN_WEIGHT_UPDATE, END_WEIGHT_UPDATE, LOAD_LORA_ADAPTER, UNLOAD_LORA_ADAPTER,
 )
 # The routes of ENGINE_ROUTES that only newer sglang versions serve: route -> the first version that
 # serves it (read from sglang's wheels). Code that sends one asks `engine.serves(route)` first; every
@@ -171,6 +175,16 @@ class RolloutEngine(abc.ABC):
     def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         """Re-allocate the given memory kinds (`weights`, `kv_cache`, `cuda_graph`; all when None)."""
         self._call(*RESUME_MEMORY, {"tags": list(tags)} if tags is not None else {})
+
+    def load_lora_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """Serve the peft adapter folder `path` as `name` (what /generate's `lora_path` then names);
+        returns sglang's `loaded_adapters`. sglang refuses a name already loaded: unload it first."""
+        reply = self._call(*LOAD_LORA_ADAPTER, load_adapter_body(name, path))
+        return reply.json().get("loaded_adapters") or {}
+
+    def unload_lora_adapter(self, name: str) -> dict[str, Any]:
+        """Stop serving adapter `name`; returns sglang's `loaded_adapters`."""
+        return self._call(*UNLOAD_LORA_ADAPTER, unload_adapter_body(name)).json().get("loaded_adapters") or {}
 
     def abort(self, rid: str | None = None) -> None:
         """Abort one request by rid, or all requests when rid is None."""

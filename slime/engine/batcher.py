@@ -15,6 +15,11 @@ weights go to the meta device and the caches are dropped; requests are refused u
 resumed, which re-allocates them uninitialised (as SGLang does without a CPU backup): the trainer
 must send weights next (from disk, or as tensors: the buffers no update sends are kept).
 
+LoRA (`slime.engine.lora_adapters.AdapterSet`): a request may name a loaded adapter; hooks on the
+targeted Linear layers add its low-rank term to that request's rows only, so one batch mixes base and
+adapter requests. Adapter requests skip the prefix cache (it holds base-model KV). Loads and unloads run
+between steps like weight updates; unloading one that running or waiting requests name is refused.
+
 Weight updates: from a HF folder (`update_weights`), or from tensors a trainer shares
 (`update_weights_from_tensors`, one bucket of `/update_weights_from_tensor`), both on this thread.
 
@@ -49,6 +54,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from slime.engine.inplace_load import load_in_place
+from slime.engine.lora_adapters import AdapterError, AdapterSet, read_adapter
 from slime.engine.prefix_cache import Hit, PrefixCache
 
 logger = logging.getLogger(__name__)
@@ -148,6 +154,7 @@ class _Request:
     kv_version: int = -1  # the weights its KV was computed with (Batcher._version_counter at prefill)
     score_from: int | None = None  # logprob_start_len: score the prompt from here (see the module docstring)
     input_logprobs: list[float | None] | None = None
+    adapter: str | None = None  # the LoRA adapter it runs with (its `lora_path`); None: the base model
 
 
 class Batcher:
@@ -163,6 +170,7 @@ class Batcher:
         batch_wait_s: float = 0.005,
         prefix_cache_tokens: int = 1 << 16,
         dtype: str = "float32",
+        max_loaded_loras: int = 8,
     ):
         if dtype not in ENGINE_DTYPES:
             raise ValueError(f"the CPU engine serves {' or '.join(ENGINE_DTYPES)}, not {dtype!r}")
@@ -174,6 +182,7 @@ class Batcher:
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.lora = AdapterSet(max_loaded_loras)  # LoRA adapters served on top of the model (lora_adapters.py)
         self.weight_version = "0"
         self._version_counter = 0
         self._eos_ids = self._eos_token_ids()
@@ -204,11 +213,13 @@ class Batcher:
     # ----- public, called from any thread -------------------------------------------------------
 
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None, logprob_start_len: int = -1
+        self, prompt_ids: list[int], params: SamplingParams, rid: str | None = None, logprob_start_len: int = -1,
+        adapter: str | None = None,
     ) -> concurrent.futures.Future:
         """Queue one request; the future resolves to a `Completion` (also when aborted).
 
-        logprob_start_len: -1 scores no prompt token; k in [0, len(prompt_ids)] scores prompt[k:]."""
+        logprob_start_len: -1 scores no prompt token; k in [0, len(prompt_ids)] scores prompt[k:].
+        adapter: the name of a loaded LoRA adapter to run with (sglang's `lora_path`); None: the base."""
         if not prompt_ids:
             raise BadRequestError("input_ids is empty: send at least one prompt token")
         if (not isinstance(logprob_start_len, int) or isinstance(logprob_start_len, bool)
@@ -229,10 +240,14 @@ class Batcher:
             future=concurrent.futures.Future(),
             stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos_ids),
             score_from=logprob_start_len if 0 <= logprob_start_len < len(prompt_ids) else None,
+            adapter=adapter,
         )
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the engine is shut down")
+            if adapter is not None and adapter not in self.lora:  # under the lock: unload checks the queue
+                raise BadRequestError(f"the LoRA adapter {adapter!r} named in lora_path is not loaded (loaded: "
+                                      f"{sorted(self.lora.adapters)}): POST /load_lora_adapter first")
             if self._released:
                 raise ReleasedError(f"the engine's memory is released ({', '.join(sorted(self._released))}): "
                                     "POST /resume_memory_occupation, then send weights")
@@ -263,6 +278,15 @@ class Batcher:
         none, between steps (at once while paused); the future resolves to a message saying what the
         engine now holds (`/update_weights_from_tensor`, one bucket of a sync)."""
         return self._command("load_tensors", named=named, weight_version=weight_version, abort_all=abort_all)
+
+    def load_adapter(self, name: str, path: str) -> concurrent.futures.Future:
+        """Read a peft LoRA folder and serve it as `name` (between steps); the future fails with an
+        `AdapterError` saying why a folder cannot be served."""
+        return self._command("load_adapter", adapter=name, path=path)
+
+    def unload_adapter(self, name: str) -> concurrent.futures.Future:
+        """Stop serving adapter `name` (between steps); refused while requests that name it run or wait."""
+        return self._command("unload_adapter", adapter=name)
 
     def flush_prefix_cache(self) -> concurrent.futures.Future:
         """Empty the prefix cache (in the batching thread, between steps)."""
@@ -384,6 +408,21 @@ class Batcher:
                 self._resume_memory(kwargs["tags"])
                 future.set_result(True)
                 return
+            if name == "load_adapter":
+                adapter = read_adapter(kwargs["adapter"], kwargs["path"], self.model, self.dtype)
+                with self._cond:
+                    self.lora.add(adapter, self.model)
+                future.set_result(self.lora.loaded())
+                return
+            if name == "unload_adapter":
+                with self._cond:
+                    busy = sum(r.adapter == kwargs["adapter"] for r in [*self._active, *self._pending])
+                    if busy:
+                        raise AdapterError(f"{busy} requests that name the LoRA adapter {kwargs['adapter']!r} are "
+                                           "running or waiting: finish or abort them before unloading it")
+                    self.lora.remove(kwargs["adapter"], self.model)
+                future.set_result(self.lora.loaded())
+                return
             if name == "load_tensors":
                 future.set_result(self._load_tensors(kwargs.pop("named"), kwargs["weight_version"]))
                 return
@@ -402,6 +441,7 @@ class Batcher:
                     f"{self.model.config.vocab_size}: update_weights_from_disk needs the same architecture"
                 )
             self.model, self._reallocated = model, False
+            self.lora.bind(model)  # a rebuilt model gets the adapters' hooks again
             self._max_positions = getattr(model.config, "max_position_embeddings", None)
             self.model_path = kwargs["model_path"]
             self.prefix_cache.clear()  # KV of the old weights
@@ -492,7 +532,8 @@ class Batcher:
             if request.params.max_new_tokens == 0:
                 self._finish(request, {"type": "length", "length": 0})
                 continue
-            hit = self.prefix_cache.get(request.prompt_ids)
+            # the prefix cache holds base-model KV only: an adapter's request is prefilled whole
+            hit = None if request.adapter is not None else self.prefix_cache.get(request.prompt_ids)
             if hit is None:
                 misses.append(request)
             else:
@@ -507,6 +548,7 @@ class Batcher:
         total = len(request.prompt_ids)
         cache = DynamicCache(ddp_cache_data=hit.layers, config=self.model.config)
         mask = torch.ones((1, total), dtype=torch.long)
+        self.lora.rows = [request.adapter]
         out = self.model(input_ids=torch.tensor([suffix]), attention_mask=mask,
                          position_ids=torch.arange(hit.n, total).view(1, -1), past_key_values=cache,
                          use_cache=True, logits_to_keep=1)
@@ -521,6 +563,7 @@ class Batcher:
         prompt, start = request.prompt_ids, request.score_from
         generate = request.params.max_new_tokens > 0
         # logits of positions start.. only: [n - start, vocab] floats (the whole prompt for OPD's start 0)
+        self.lora.rows = [request.adapter]
         out = self.model(input_ids=torch.tensor([prompt]), attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
                          past_key_values=DynamicCache(config=self.model.config) if generate else None,
                          use_cache=generate, logits_to_keep=len(prompt) - start)
@@ -548,6 +591,7 @@ class Batcher:
             mask[row, width - n:] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
+        self.lora.rows = [r.adapter for r in requests]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         for request in requests:
@@ -588,6 +632,7 @@ class Batcher:
             return
         next_tokens = tokens[kept].view(-1, 1)
         self._mask = torch.cat([self._mask, torch.ones((len(kept), 1), dtype=torch.long)], dim=1)
+        self.lora.rows = [r.adapter for r in self._active]
         out = self.model(input_ids=next_tokens, attention_mask=self._mask,
                          position_ids=self._positions.view(-1, 1), past_key_values=self._cache,
                          use_cache=True)
@@ -638,6 +683,8 @@ class Batcher:
         """Keep a finished row's KV in the prefix cache: prompt + output, but the last token (never fed)."""
         if not self.prefix_cache.enabled or request.kv_version != self._version_counter:
             return  # a request that lived through a weight update holds KV of both weights
+        if request.adapter is not None:
+            return  # KV computed with an adapter: the cache serves base-model prompts only
         n = len(request.prompt_ids) + len(request.output_ids) - 1
         if int(self._mask[row].sum()) != n or not bool(self._mask[row, -n:].all()):
             logger.warning("prefix cache: row %d does not hold its %d tokens contiguously; not cached", row, n)

@@ -24,6 +24,13 @@ weights and caches in host memory (generation answers 503 until `/resume_memory_
 `/update_weights_from_tensor` takes shared-memory handles by file name (`load_format
 "flattened_bucket"`, `slime.engine.tensor_payload`) where SGLang takes CUDA IPC handles; it refuses
 (400) anything else the payload names.
+
+LoRA (`slime.engine.lora_adapters`): `/load_lora_adapter` ({"lora_name", "lora_path": a peft adapter
+folder}) and `/unload_lora_adapter` ({"lora_name"}) answer as SGLang's LoRAUpdateOutput (`success`,
+`error_message`, `loaded_adapters`; a folder it cannot serve is a 400 that says why), and a /generate
+whose `lora_path` names a loaded adapter runs with it (one name, or one per prompt in a batch); base and
+adapter requests share a batch. Unlike SGLang, such requests bypass the prefix cache (it holds base KV),
+and unloading an adapter that running or waiting requests name is refused instead of waited for.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from transformers import AutoTokenizer
 from slime.engine import tensor_payload
 from slime.engine.base import CPU_ENGINE, EngineError, RolloutEngine
 from slime.engine.batcher import BadRequestError, Batcher, Completion, ReleasedError, SamplingParams
+from slime.engine.lora_adapters import AdapterError, check_name
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +97,7 @@ class GenerateRequest:
     return_logprob: list[bool]
     return_text_in_logprobs: bool
     logprob_start_len: list[int]
+    adapters: list[str | None]  # per prompt: the LoRA adapter its `lora_path` names (None: the base model)
 
     @classmethod
     def from_body(cls, body: Any) -> GenerateRequest:
@@ -158,8 +167,13 @@ class GenerateRequest:
                                   f"got {start!r}")
         # sglang ignores logprob_start_len without return_logprob
         starts = [k if w else -1 for k, w in zip(starts, want, strict=True)]
+        lora = body.get("lora_path")
+        adapters = _per_prompt(lora, count, "lora_path", batch)
+        if not all(a is None or (isinstance(a, str) and a) for a in adapters):
+            raise BadRequestError(f"lora_path must be the name of a loaded LoRA adapter (or, for a batch, a list of "
+                                  f"names or nulls), got {lora!r}")
         return cls(prompts, batch or n > 1, n, params, rids, want, bool(body.get("return_text_in_logprobs")),
-                   starts)
+                   starts, adapters)
 
     def expanded(self) -> list[tuple[int, int]]:
         """(prompt index, result index) pairs: each prompt's `n` samples together, as SGLang answers."""
@@ -205,6 +219,27 @@ def completion_json(
 TENSOR_REQUEST_FIELDS = {"serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests",
                          "weight_version", "selector", "torch_empty_cache", "disable_draft_model"}
 MAX_TENSOR_BODY_BYTES = 4 * tensor_payload.MAX_PAYLOAD_CHARS
+# Fields of sglang's LoadLoRAAdapterReqInput / UnloadLoRAAdapterReqInput (both pinned versions); `pinned`
+# and `lora_id` are accepted and mean nothing here (nothing is evicted; names identify adapters).
+LOAD_ADAPTER_FIELDS = {"lora_name", "lora_path", "pinned", "lora_id"}
+UNLOAD_ADAPTER_FIELDS = {"lora_name", "lora_id"}
+MAX_ADAPTER_BODY_BYTES = 64 << 10
+
+
+async def _adapter_request(request: Request, fields: set[str]) -> dict[str, Any]:
+    """A /load_lora_adapter or /unload_lora_adapter body, read bounded and checked field by field."""
+    route = request.url.path
+    try:
+        body = await _bounded_json(request, MAX_ADAPTER_BODY_BYTES)
+    except tensor_payload.PayloadError as exc:
+        raise AdapterError(f"{route}: {exc}") from exc
+    if not isinstance(body, dict):
+        raise AdapterError(f"the {route} body must be a JSON object with lora_name")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise AdapterError(f"{route}: unknown fields {unknown}; sglang's request has {sorted(fields)}")
+    check_name(body.get("lora_name"))
+    return body
 
 
 async def _bounded_json(request: Request, limit: int) -> Any:
@@ -274,7 +309,8 @@ def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
         futures = []
         try:
             for i, k in order:
-                futures.append(batcher.submit(prompt_ids[i], params[i], rids[k], req.logprob_start_len[i]))
+                futures.append(batcher.submit(prompt_ids[i], params[i], rids[k], req.logprob_start_len[i],
+                                              adapter=req.adapters[i]))
         except Exception:  # a later prompt was refused: the ones already queued must not run unread
             for _, k in order[:len(futures)]:
                 batcher.abort(rid=rids[k])
@@ -350,6 +386,35 @@ def build_app(batcher: Batcher, tokenizer: Any, tokenizer_path: str) -> FastAPI:
         finally:
             del flat, metadata  # unmaps the sender's shared memory before the reply lets it free it
         return JSONResponse({"success": True, "message": message})
+
+    def lora_result(action: Any) -> Any:
+        """Run a load / unload and answer as sglang's LoRAUpdateOutput (400 with error_message on failure)."""
+        async def answer(request: Request) -> JSONResponse:
+            try:
+                loaded = await asyncio.wrap_future(await action(request))
+            except (AdapterError, BadRequestError, ReleasedError) as exc:
+                message = str(exc)
+            except Exception as exc:  # whatever else a folder trips: still an answer, never a dropped request
+                logger.exception("LoRA adapter request failed")
+                message = f"the adapter could not be served ({type(exc).__name__}: {exc})"
+            else:
+                return JSONResponse({"success": True, "error_message": None, "loaded_adapters": loaded})
+            return JSONResponse({"success": False, "error_message": message,
+                                 "loaded_adapters": batcher.lora.loaded()}, status_code=400)
+        return answer
+
+    async def load(request: Request) -> Any:
+        body = await _adapter_request(request, LOAD_ADAPTER_FIELDS)
+        if not isinstance(body.get("lora_path"), str) or not body["lora_path"]:
+            raise AdapterError(f"{request.url.path} needs lora_path: the folder peft's save_pretrained wrote")
+        return batcher.load_adapter(body["lora_name"], body["lora_path"])
+
+    async def unload(request: Request) -> Any:
+        body = await _adapter_request(request, UNLOAD_ADAPTER_FIELDS)
+        return batcher.unload_adapter(body["lora_name"])
+
+    app.add_api_route("/load_lora_adapter", lora_result(load), methods=["POST"])
+    app.add_api_route("/unload_lora_adapter", lora_result(unload), methods=["POST"])
 
     @app.post("/release_memory_occupation")
     async def release_memory_occupation() -> JSONResponse:

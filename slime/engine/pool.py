@@ -40,7 +40,8 @@ import httpx
 import ray
 
 from slime.arguments import serving_dtype
-from slime.engine.base import EngineError
+from slime.engine.base import LOAD_LORA_ADAPTER, UNLOAD_LORA_ADAPTER, EngineError
+from slime.engine.lora_adapters import adapter_name, load_adapter_body, lora_rank, unload_adapter_body
 
 if TYPE_CHECKING:
     from slime.ray_actors import Placement
@@ -118,6 +119,7 @@ class EnginePool:
         self.last_sync: dict[str, Any] = {}  # what the last weight sync moved (see sync_weights)
         self._weights_root = ""
         self._path_version = "0"  # the weight version stored at weights_path
+        self.adapter_path: str | None = None  # --lora-rank > 0: the adapter every engine serves (base: hf_checkpoint)
         self._info: dict[int, dict[str, Any]] = {}
         self._gpu_ids: list[list[int] | None] = [None] * len(self.handles)
         self._lock = asyncio.Lock()
@@ -179,6 +181,9 @@ class EnginePool:
             self._info[i] = info
             if self._path_version != "0":
                 await handle.update_weights_from_disk.remote(self.weights_path, self._path_version)
+            if self.adapter_path is not None:  # a restarted engine of a LoRA run: the base, then the adapter
+                await self._post_each([info["url"]], LOAD_LORA_ADAPTER[1],
+                                      load_adapter_body(adapter_name(self.args), self.adapter_path))
             logger.info("engine %d serving %s (pid %d, weights %s)", i, info["url"], info["pid"], self.weight_version)
             return
         raise EngineStartError(f"engine {i} failed to start from {self.weights_path}")
@@ -257,8 +262,9 @@ class EnginePool:
             return len(dead)
 
     async def _restore_latest_weights(self) -> None:
-        """nccl / tensor transports: the newest weights exist only in the trainer; export them for the restart."""
-        if self._trainer is None or self._path_version == self.weight_version:
+        """nccl / tensor transports: the newest weights exist only in the trainer; export them for the restart.
+        A LoRA run's base never changes: its restart loads the adapter (`_start_one`)."""
+        if self._trainer is None or self._path_version == self.weight_version or self.adapter_path is not None:
             return
         self.weights_path = await self._trainer.export.remote(
             str(Path(self._weights_root) / f"restart_v{int(self.weight_version):06d}"))
@@ -295,6 +301,8 @@ class EnginePool:
         from disk while they are still paused (returns the folder then): no engine serves half-updated
         weights. `last_sync` records what moved (transport, bytes_sent, parameters, seconds, ...).
         """
+        if lora_rank(self.args):
+            return await self._sync_adapter(trainer, version, out_dir)
         transport = getattr(self.args, "update_weight_transport", "disk")
         if transport == "disk":
             started = asyncio.get_running_loop().time()
@@ -338,6 +346,30 @@ class EnginePool:
             self.weight_version = str(version)
             self.last_sync = {**result, "fallback": "disk", "fallback_engines": [urls[i] for i in redo]}
             return path
+
+    async def _sync_adapter(self, trainer: Any, version: int, out_dir: str) -> str:
+        """LoRA (`--lora-rank` > 0): only the adapter moves. The train actor writes it as a peft folder and every
+        engine swaps it in under the run's adapter name (SGLang's /unload_lora_adapter then /load_lora_adapter;
+        the CPU engine serves the same routes); requests name it in `lora_path`. Between steps, as every sync:
+        nothing generates, so no request holds the old adapter. Returns the folder."""
+        started = asyncio.get_running_loop().time()
+        path = await trainer.export_adapter.remote(out_dir)
+        name = adapter_name(self.args)
+        async with self._lock:
+            urls = [self._info[i]["url"] for i in range(len(self.handles))]
+            if self.adapter_path is not None:
+                await self._post_each(urls, UNLOAD_LORA_ADAPTER[1], unload_adapter_body(name))
+            await self._post_each(urls, LOAD_LORA_ADAPTER[1], load_adapter_body(name, path))
+            previous, self.adapter_path, self.weight_version = self.adapter_path, path, str(version)
+        if previous is not None and previous != path:  # restarts load the newest; nothing reads the old one
+            shutil.rmtree(previous, ignore_errors=True)
+        from slime.weight_sync import safetensors_size
+
+        size, count = safetensors_size(path)
+        self.last_sync = {"version": str(version), "transport": "lora-adapter", "bytes_sent": size,
+                          "parameters": count, "bytes_per_parameter": size / count if count else 0.0,
+                          "seconds": asyncio.get_running_loop().time() - started}
+        return path
 
     async def release_memory(self) -> None:
         """Colocated GPUs (--offload-rollout): every engine frees its weights, KV cache and CUDA graphs

@@ -19,6 +19,7 @@ Flags from slime-style arguments (an `argparse.Namespace` or a mapping):
 | `rollout_num_gpus_per_engine` | `--tp-size` |
 | `seed` (+ `seed_offset`, e.g. the engine rank) | `--random-seed` |
 | `offload_rollout` / `colocate` | `--enable-memory-saver` (release / resume memory occupation) |
+| `lora_rank` > 0 (+ `target_modules`, `exclude_modules`) | `--enable-lora --max-lora-rank R --lora-target-modules M.. --max-loras-per-batch 2` (`slime.engine.lora_adapters`) |
 | `sglang_<field>` (any ServerArgs field) | `--<field with dashes>`; overrides the rows above |
 | `sglang_server_concurrency`, `sglang_router_*` | nothing: slime's own (client/router side) flags |
 
@@ -47,6 +48,7 @@ from typing import Any
 import httpx
 
 from slime.engine.base import EngineError, RolloutEngine
+from slime.engine.lora_adapters import lora_server_fields
 from slime.utils.misc import free_port
 
 logger = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ def server_fields(args: argparse.Namespace | Mapping[str, Any], *, seed_offset: 
         fields["random_seed"] = int(values["seed"]) + seed_offset
     if values.get("offload_rollout") or values.get("colocate"):
         fields["enable_memory_saver"] = True
+    fields.update(lora_server_fields(values))  # a LoRA run (lora_rank > 0): sglang's LoRA flags
     for key, value in values.items():
         if key.startswith("sglang_") and key not in SLIME_SIDE_FIELDS and value is not None:
             fields[key[len("sglang_"):]] = value

@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from slime.engine.lora_adapters import generate_lora_fields
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.data_source import Prompt, RolloutDataSource, load_prompts
 from slime.rollout.engine_abort import SETTLE_TIMEOUT_S, abort_engines, settle_engines
@@ -213,7 +214,8 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
         return sample
     if not sample.tokens:
         sample.tokens = prompt_ids
-    payload = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
+    payload = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True,
+               **generate_lora_fields(args)}  # a LoRA run: lora_path = its adapter's name
     count_generate_request(args)
     output = await post(f"{engine_url(args, sample)}/generate", payload)
     meta = output["meta_info"]

@@ -164,6 +164,8 @@ def engine_client_requests(version: str) -> list[tuple[Route, Any]]:
     engine.resume_memory_occupation()
     engine.abort("rid-1")
     engine.abort()
+    engine.load_lora_adapter("slime-lora", "/ckpt/adapter_v000003")
+    engine.unload_lora_adapter("slime-lora")
     return recorder.requests
 
 
