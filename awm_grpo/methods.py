@@ -1,5 +1,6 @@
 """AgentGym-RL's training methods side by side on the bundled scenarios: GRPO at a fixed horizon, GRPO with
-the ScalingInter-RL horizon schedule, DPO and AgentEvol, from one warm start, every seed, same held-out tasks.
+the ScalingInter-RL horizon schedule, DPO and AgentEvol, from one warm start, every seed, same held-out tasks;
+and GRPO with LoRA adapters against full fine-tuning (`--arms grpo lora`).
 
     python -m awm_grpo.methods --out runs/awm_grpo/methods                       # 4 arms x seeds 0 1 2 (docs/results.md)
     python -m awm_grpo.methods --out DIR --arms grpo scaling --steps 12          # a subset; add arms later
@@ -17,6 +18,8 @@ Stages, each skipped when its output exists (an interrupted or extended run resu
    setup.sh, which solves none of the 18 held-out tasks (docs/results.md), so every arm reads 0 there;
 3. arms x seeds, each from the warm start on the train prompts:
    - `grpo`: the recipe (`awm_grpo/run_awm_grpo.sh`) for `--steps` steps at the fixed horizon `--max-turns`;
+   - `lora`: the same as `grpo` training LoRA adapters only (`--lora-rank`, `--lora-alpha`, at `--lora-lr`):
+     the base frozen, each weight sync moving the adapter alone; evaluated through the checkpoint's merged model;
    - `scaling`: the same with the ScalingInter-RL schedule (`AWM_TURN_SCHEDULE`, `--rounds`, growing to the
      same final horizon; each round lasts `--steps // len(rounds)` steps, the last one the rest);
    - `dpo`, `agentevol`: `python -m awm_grpo.offline.dpo` / `.agentevol` with `--dpo-args` /
@@ -25,7 +28,9 @@ Stages, each skipped when its output exists (an interrupted or extended run resu
 4. evaluation: the warm start ("before") and every trained policy on the held-out tasks with the same
    samples (`--eval-n` at `--eval-temperature`, `--eval-seed`; `--greedy`: one greedy episode a task too),
    all under one runtime YAML `OUT/eval_runtime.yaml` (the fixed arm's: the schedule is a training device);
-5. report: `OUT/methods.json`, `OUT/methods.md`, `OUT/methods_held_out.png`, `OUT/methods_curves.png`.
+5. report: `OUT/methods.json`, `OUT/methods.md`, `OUT/methods_held_out.png`, `OUT/methods_curves.png`; for the
+   GRPO-family arms also what each step cost, from the runs' metrics.jsonl (slime.train's `sync/bytes`,
+   `train/time_s`, `rollout/time_s`, `train/state_gib`, `train/peak_memory_gib`).
 
 Statistics (awm_grpo.learning / awm_grpo.recovery.report). All arms share one warm start, so the seed is the
 replication unit of an arm: the gain of seed s is `after(s) - before`; the table gives mean +- std over
@@ -56,9 +61,10 @@ from awm_grpo.recovery import report
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "runs" / "awm_grpo" / "methods"
-RL_ARMS = ("grpo", "scaling")
+RL_ARMS = ("grpo", "scaling", "lora")
 OFFLINE_ARMS = ("dpo", "agentevol")
 ARMS = RL_ARMS + OFFLINE_ARMS
+DEFAULT_ARMS = ("grpo", "scaling", "dpo", "agentevol")  # AgentGym-RL's methods; `lora` on request
 SPLIT_SEED = 42  # the CPU profile's split (data.split_seed)
 # Folders under OUT per --data: the scenarios' data (None: the bundled copy), the task splits, the warm start.
 LAYOUT = {"practice": {"data": "P", "splits": "PS", "ws": "ws{seed}"},  # awm_grpo.learning's names
@@ -72,7 +78,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m awm_grpo.methods", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds of every arm")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=ARMS,
+                   help=f"default: {' '.join(DEFAULT_ARMS)}; `--arms grpo lora` compares LoRA with full fine-tuning")
     p.add_argument("--data", default="practice", choices=list(LAYOUT),
                    help="practice: the practice set of the bundled scenarios (their 10 tasks each plus every "
                         "task-family instance; 250 train / 107 held-out tasks), with docs/results.md's warm start; "
@@ -80,6 +87,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=12, help="GRPO steps per run (--batch prompts x 4 samples a step)")
     p.add_argument("--batch", type=int, default=8, help="GRPO: prompts per step (ROLLOUT_BATCH_SIZE)")
     p.add_argument("--lr", type=float, default=2e-4, help="GRPO learning rate (docs/results.md's)")
+    p.add_argument("--lora-rank", type=int, default=8, help="`lora`: adapter rank (LORA_RANK)")
+    p.add_argument("--lora-alpha", type=float, default=16.0, help="`lora`: adapter alpha, updates x alpha / rank")
+    p.add_argument("--lora-lr", type=float, default=2e-3,
+                   help="`lora`: learning rate (default 10x --lr's default: adapters start at zero and move "
+                        "through a low-rank product, and LoRA's best learning rate is commonly about 10x full "
+                        "fine-tuning's)")
     p.add_argument("--max-turns", type=int, default=10,
                    help="the fixed horizon of `grpo`, the final one of `scaling`, and the evaluation's")
     p.add_argument("--rounds", type=int, nargs="+", default=[4, 7, 10],
@@ -146,6 +159,8 @@ def rl_env(opts: argparse.Namespace, out: Path, arm: str, seed: int) -> dict[str
         env["AWM_DATA_DIR"] = str(folder(opts, out, "data"))
     if arm == "scaling":
         env["AWM_TURN_SCHEDULE"] = json.dumps(schedule(opts))
+    if arm == "lora":
+        env.update(LORA_RANK=str(opts.lora_rank), LORA_ALPHA=str(opts.lora_alpha), LR=str(opts.lora_lr))
     return env
 
 
@@ -306,6 +321,11 @@ def arm_summary(before: list[dict[str, Any]], after: dict[int, list[dict[str, An
     return out
 
 
+# What a GRPO-family step cost, per step of slime.train's metrics.jsonl: curve name -> metric.
+SYSTEM = {"sync_bytes": "sync/bytes", "train_s": "train/time_s", "rollout_s": "rollout/time_s",
+          "state_gib": "train/state_gib", "peak_gib": "train/peak_memory_gib"}
+
+
 def run_curves(run_dir: Path, turn_schedule: dict[str, Any] | None, max_turns: int) -> dict[str, dict[int, float]]:
     """Per training step of one GRPO run, from its traces: success, mean reward, model turns per episode,
     the share stopped by the turn limit (stop_reason max_turns), the limit itself; and episodes played
@@ -325,12 +345,18 @@ def run_curves(run_dir: Path, turn_schedule: dict[str, Any] | None, max_turns: i
               "reward": {s: mean([r["reward"] for r in by_step[s] if r.get("reward") is not None]) for s in steps},
               "turns": {s: mean([len(r.get("turns") or []) for r in by_step[s]]) for s in steps},
               "truncated": {s: mean([r.get("stop_reason") == "max_turns" for r in by_step[s]]) for s in steps},
-              "horizon": {s: horizon(turn_schedule, max_turns, s) for s in steps}, "played": {}}
+              "horizon": {s: horizon(turn_schedule, max_turns, s) for s in steps}, "played": {},
+              **{name: {} for name in SYSTEM}}
     metrics = run_dir / "metrics.jsonl"
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
         row = json.loads(line) if line.strip() else {}
-        if row.get("kind") == "train" and "rollout/episodes_played" in row:
+        if row.get("kind") != "train":
+            continue
+        if "rollout/episodes_played" in row:
             curves["played"][int(row["step"])] = row["rollout/episodes_played"]  # a resumed step: the last
+        for name, key in SYSTEM.items():
+            if isinstance(row.get(key), (int, float)):
+                curves[name][int(row["step"])] = float(row[key])
     return curves
 
 
@@ -392,7 +418,8 @@ def summarize(opts: argparse.Namespace, out: Path) -> dict[str, Any]:
                      "train_s": {str(s): times[f"{arm}-s{s}"] for s in opts.seeds if f"{arm}-s{s}" in times}}
     commands = {step["name"]: " ".join(f"{k}={shlex.quote(v)}" for k, v in (step.get("env") or {}).items())
                 + (" " if step.get("env") else "") + shlex.join(step["cmd"]) for step in plan(opts, out)}
-    budget = {k: getattr(opts, k) for k in ("data", "seeds", "steps", "batch", "lr", "max_turns", "rounds",
+    budget = {k: getattr(opts, k) for k in ("data", "seeds", "steps", "batch", "lr", "lora_rank", "lora_alpha",
+                                            "lora_lr", "max_turns", "rounds",
                                             "ws_epochs", "ws_seed", "eval_n", "eval_temperature", "eval_seed",
                                             "eval_limit", "offline_tasks", "dpo_args", "agentevol_args")}
     return {"budget": budget, "schedule": schedule(opts), "heldout_tasks": len({(r["scenario"], r["task_idx"])
@@ -420,13 +447,20 @@ def curve_mean(runs: dict[str, dict[str, dict[str, float]]], key: str, part: sli
     return sum(vals) / len(vals) if vals else math.nan
 
 
+def _system_cell(runs: dict[str, dict[str, dict[str, float]]], key: str, fmt: str) -> str:
+    """A SYSTEM figure's mean over seeds and steps ("-" where no run logged it: runs before it was logged)."""
+    value = curve_mean({s: r for s, r in runs.items() if r.get(key)}, key, slice(None))
+    return "-" if math.isnan(value) else format(value, fmt)
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The held-out table (one row per arm), then the cost table and the training curves' summary."""
     b, seeds = result["budget"], result["budget"]["seeds"]
     lines = [f"Held-out: {result['heldout_tasks']} tasks (val + test) x {b['eval_n']} samples at T "
              f"{b['eval_temperature']}, eval seed {b['eval_seed']}; one warm start ({b['ws_epochs']} SFT epochs); "
              f"GRPO: {b['steps']} steps x {b['batch']} prompts x 4 samples, LR {b['lr']}, horizon {b['max_turns']} "
-             f"(scaling: rounds {b['rounds']} every {result['schedule']['every']} steps).", "",
+             f"(scaling: rounds {b['rounds']} every {result['schedule']['every']} steps; lora: rank "
+             f"{b.get('lora_rank')}, alpha {b.get('lora_alpha')}, LR {b.get('lora_lr')}).", "",
              "| policy | " + " | ".join(f"seed {s}" for s in seeds) + " | mean +- std | gain mean +- std | "
              "vs before: seeds | vs before: tasks | vs grpo: seeds | vs grpo: tasks | greedy |",
              "|---|" + "---|" * len(seeds) + "---|---|---|---|---|---|---|",
@@ -463,6 +497,16 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{_pct(curve_mean(runs, 'success', slice(-4, None)))} | "
                          f"{curve_mean(runs, 'turns', slice(None)):.2f} | "
                          f"{_pct(curve_mean(runs, 'truncated', slice(None)))} | |")
+        lines += ["", "| GRPO arm | weight sync, bytes a step | trainer step, s | rollout, s | training state, GiB | "
+                      "trainer peak memory, GiB |", "|---|---|---|---|---|---|"]
+        for arm, runs in result["curves"].items():
+            cells = [_system_cell(runs, key, fmt) for key, fmt in (("sync_bytes", ",.0f"), ("train_s", ".1f"),
+                                                                 ("rollout_s", ".1f"), ("state_gib", ".4f"),
+                                                                 ("peak_gib", ".2f"))]
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines.append("(means over seeds and steps; the state is the trainer's weights, gradients, optimizer moments "
+                     "and reference weights; the peak is the trainer process's resident memory on CPU, the "
+                     "allocator's on GPU)")
     return "\n".join(lines) + "\n"
 
 
@@ -475,7 +519,8 @@ def plot(out: Path, result: dict[str, Any]) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    colours = {"grpo": "tab:blue", "scaling": "tab:orange", "dpo": "tab:green", "agentevol": "tab:red"}
+    colours = {"grpo": "tab:blue", "scaling": "tab:orange", "dpo": "tab:green", "agentevol": "tab:red",
+               "lora": "tab:purple"}
     panels = [("success", "training success"), ("reward", "mean reward"), ("turns", "model turns per episode"),
               ("truncated", "share stopped by the turn limit")]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))

@@ -131,6 +131,7 @@ class Run:
             weights_root = self._tmp
         self.weights_root = Path(weights_root)
         self.metrics = MetricsWriter(args)
+        self.sync_metrics: dict[str, float] = {}  # the last weight sync's figures (`sync_weights`)
         self.bar: tqdm | None = None
 
     # ---- setup, weights, eval ------------------------------------------------------------------
@@ -197,6 +198,9 @@ class Run:
         path = await self.engines.sync_weights(self.trainer, version, str(self.weights_root / f"weight_v{version:06d}"))
         moved = getattr(self.engines, "last_sync", None) or {}
         if moved.get("parameters"):
+            # on the next step's metrics row: what the weights its rollout used cost to move
+            self.sync_metrics = {"sync/bytes": float(moved["bytes_sent"]), "sync/parameters": float(moved["parameters"]),
+                                 "sync/time_s": float(moved["seconds"])}
             logger.info("weight sync v%d: %s%s, %d bytes for %d parameters (%.2f bytes/parameter) in %.2f s", version,
                         moved["transport"], f" (then disk: {moved['fallback_engines']})" if moved.get("fallback") else "",
                         moved["bytes_sent"], moved["parameters"], moved["bytes_per_parameter"], moved["seconds"])
@@ -303,7 +307,8 @@ class Run:
             policy_step = self.trainer.train.remote(batch.samples, advantages)
         train_metrics = await policy_step if policy_step is not None else {}
         critic_metrics = await critic_step if critic_step is not None else {}
-        metrics = {**batch.metrics, **train_metrics, **critic_metrics, "train/time_s": time.perf_counter() - started}
+        metrics = {**batch.metrics, **self.sync_metrics, **train_metrics, **critic_metrics,
+                   "train/time_s": time.perf_counter() - started}
         if args.ci_test and batch.rollout_id == 0:
             diff = train_metrics.get("train/train_rollout_logprob_abs_diff", 0.0)
             if not diff < args.ci_train_rollout_logprob_abs_diff_threshold:

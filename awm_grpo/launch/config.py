@@ -405,9 +405,10 @@ def check(cfg: ResolvedConfig) -> list[str]:
         used = v["hardware.train_num_gpus"] + (0 if v["hardware.colocate"] else v["hardware.rollout_num_gpus"])
         if used > v["hardware.num_gpus"]:
             warnings.append(f"{used} GPUs requested (train + rollout) but hardware.num_gpus = {v['hardware.num_gpus']}")
-        if cfg.profile == "a100-40gb" and v["hardware.train_num_gpus"] < 2:
+        if cfg.profile == "a100-40gb" and v["hardware.train_num_gpus"] < 2 and not v["training.lora_rank"]:
             warnings.append("Qwen3-4B's training state peaks at about 63 GiB on one GPU (fsdp, bf16, full recompute; "
-                            "measured on an H200): a 40 GB card needs hardware.train_num_gpus >= 2 to shard it")
+                            "measured on an H200): a 40 GB card needs hardware.train_num_gpus >= 2 to shard it, "
+                            "or LoRA adapters (training.lora_rank > 0, LORA_RANK=32)")
     return warnings
 
 

@@ -5,11 +5,20 @@ counted on a meta-device model, no weight read): model/ in the engines' serving 
 master weights when model/ is not fp32 + AdamW's two fp32 moments (+ the PPO critic's model and
 moments). Qwen3-4B (4,022,468,096 parameters) under SGLang: 8.0 + 16.1 + 32.2 = 56.3 GB.
 
+A LoRA save (training.lora_rank > 0) trains only the adapter, so nothing of the frozen base is in its
+trainer state: model/ holds the merged weights in the serving dtype (as above), adapter/ the peft adapter
+in fp32, trainer/ the fp32 adapter and its two AdamW moments; with `a` adapter parameters (r x (in + out)
+per targeted Linear, `slime.backends.lora.adapter_parameter_count`, from the config alone) that is
+model/ + 4a + 4a + 8a. Qwen3-4B at rank 32, all-linear (a = 66,060,288): 8.0 + 0.26 + 0.26 + 0.53 =
+9.1 GB, against 56.3 GB for the full model.
+
 While a save is written the newest K (training.keep_checkpoints) are still on disk: checkpoints
 peak at K + 1 saves (every save of the run when K is 0). The disk weight sync keeps the engines'
-export and writes the next beside it: two exports in the serving dtype. Traces: at most
-(max_response_len + 2,048 prompt tokens) x 8 bytes an episode (about 4 bytes of text a token, kept
-twice: messages and turns); real episodes are far smaller (12 KB for 6 turns, docs/viewer.md).
+export and writes the next beside it: two exports in the serving dtype. A LoRA run's sync moves the
+adapter alone (slime.engine.pool's _sync_adapter: a peft folder in the serving dtype, the previous one
+removed once the engines load the next): two adapter folders, 2 x 132 MB for Qwen3-4B r32 in bf16.
+Traces: at most (max_response_len + 2,048 prompt tokens) x 8 bytes an episode (about 4 bytes of text a
+token, kept twice: messages and turns); real episodes are far smaller (12 KB for 6 turns, docs/viewer.md).
 
 The launcher refuses (exit 2) when the filesystem of save_dir has less than two saves free (one when
 save_dir already holds checkpoints: the next save is written beside them), and warns when it has less
@@ -38,6 +47,9 @@ class DiskPlan:
     unknown: str = ""
     architecture: str = ""
     serving_dtype: str = "float32"
+    lora_rank: int = 0  # > 0: a LoRA run (adapter saves and adapter syncs)
+    lora_targets: str = ""
+    adapter_parameters: int = 0  # LoRA: the adapter's parameters
     save: dict[str, int] = field(default_factory=dict)  # one save's parts
     saves: int = 0  # saves in the run
     keep: int = 0
@@ -72,24 +84,42 @@ def plan(cfg: ResolvedConfig) -> DiskPlan:
         parameter_count,
         save_sizes,
     )
+    from slime.backends.lora import LoraSettings, adapter_parameter_count
+    from slime.engine.lora_adapters import parse_target_modules
 
     out = DiskPlan(save_dir=Path(cfg["paths.save_dir"]))
     model = Path(cfg["paths.hf_checkpoint"])
     sglang = cfg["inference.engine_type"] == "sglang"
     out.serving_dtype = (cfg.values.get("inference.sglang_dtype") or "bfloat16") if sglang else "float32"
+    out.lora_rank = cfg["training.lora_rank"] or 0
+    out.lora_targets = cfg["training.lora_target_modules"] or "all-linear"
     try:
-        out.parameters = parameter_count(model)
+        parameters = parameter_count(model)
         out.architecture = ",".join(json.loads((model / "config.json").read_text()).get("architectures") or [])
     except Exception as exc:  # noqa: BLE001 - any config transformers cannot build: report, do not refuse
         out.unknown = f"{model / 'config.json'} does not build a model here ({type(exc).__name__}: {exc})"
+    else:
+        try:
+            if out.lora_rank:
+                settings = LoraSettings(rank=out.lora_rank, target_modules=parse_target_modules(out.lora_targets))
+                out.adapter_parameters = adapter_parameter_count(model, settings)
+            out.parameters = parameters
+        except Exception as exc:  # noqa: BLE001 - targets this model lacks: the trainer refuses them, say why
+            out.unknown = (f"the LoRA adapter (rank {out.lora_rank}, {out.lora_targets}) on {model} cannot be sized "
+                           f"({type(exc).__name__}: {exc})")
     steps, interval = cfg["training.num_rollout"], cfg["training.save_interval"]
     out.saves = steps // interval + (1 if steps % interval else 0) if interval else 0
     out.keep = cfg["training.keep_checkpoints"] or 0
     if out.parameters is not None:
-        out.save = save_sizes(out.parameters, out.serving_dtype)
+        if out.lora_rank:
+            out.save = lora_save_sizes(out.parameters, out.adapter_parameters, out.serving_dtype)
+            # each sync writes the adapter alone in the serving dtype (train_worker.export_adapter)
+            out.export_each = save_sizes(out.adapter_parameters, out.serving_dtype)["model"]
+        else:
+            out.save = save_sizes(out.parameters, out.serving_dtype)
+            out.export_each = out.save["model"]
         if cfg["grpo.advantage_estimator"] == "ppo" and cfg["recovery.credit_method"] is None:
             out.save["critic"] = sum(save_sizes(out.parameters, "float32").values())
-        out.export_each = out.save["model"]
         out.exports = 2 * out.export_each  # the engines' export and the next one beside it
     out.episodes = steps * cfg["training.rollout_batch_size"] * cfg["training.n_samples_per_prompt"]
     out.episodes += _eval_episodes(cfg)
@@ -111,6 +141,17 @@ def plan(cfg: ResolvedConfig) -> DiskPlan:
         out.notes.append("the trainer spans nodes: every rank writes its shard of each save into SAVE_DIR, so it "
                          "must be a filesystem all trainer nodes mount at the same path (NFS, Lustre, ...)")
     return out
+
+
+def lora_save_sizes(parameters: int, adapter: int, serving_dtype: str) -> dict[str, int]:
+    """Bytes of one LoRA save (TorchTrainer.checkpoint_sizes' parts): model/ = the merged weights in the serving
+    dtype; adapter/ = the peft folder in fp32; master and optimizer = trainer/'s fp32 adapter and its two AdamW
+    moments. The frozen base is not trainer state: a LoRA save is model/ + 16 bytes an adapter parameter."""
+    from slime.backends.checkpoint import save_sizes
+
+    fp32 = save_sizes(adapter, "float32")  # the adapter in the trainer's dtype, no separate master copy
+    return {"model": save_sizes(parameters, serving_dtype)["model"], "adapter": fp32["model"],
+            "master": fp32["model"], "optimizer": fp32["optimizer"]}
 
 
 def _eval_episodes(cfg: ResolvedConfig) -> int:
@@ -174,6 +215,16 @@ def report(p: DiskPlan) -> str:
     lines = [f"disk (SAVE_DIR {p.save_dir}):"]
     if p.parameters is None:
         lines.append(f"  one save: unknown: {p.unknown}")
+    elif p.lora_rank:
+        parts = [f"model/ {human_bytes(p.save['model'])} ({p.serving_dtype}, merged weights)",
+                 f"adapter/ {human_bytes(p.save['adapter'])} (fp32)",
+                 f"fp32 adapter in trainer/ {human_bytes(p.save['master'])}",
+                 f"its AdamW moments {human_bytes(p.save['optimizer'])}"]
+        if "critic" in p.save:
+            parts.append(f"PPO critic {human_bytes(p.save['critic'])}")
+        lines.append(f"  one save (LoRA rank {p.lora_rank}, {p.lora_targets}: no base weights in trainer/): "
+                     f"{human_bytes(p.one_save)} = {' + '.join(parts)} ({p.architecture or 'model'}, "
+                     f"{p.parameters:,} parameters, {p.adapter_parameters:,} in the adapter)")
     else:
         parts = [f"model/ {human_bytes(p.save['model'])} ({p.serving_dtype})"]
         if p.save["master"]:
@@ -183,13 +234,18 @@ def report(p: DiskPlan) -> str:
             parts.append(f"PPO critic {human_bytes(p.save['critic'])}")
         lines.append(f"  one save: {human_bytes(p.one_save)} = {' + '.join(parts)} "
                      f"({p.architecture or 'model'}, {p.parameters:,} parameters)")
+    if p.parameters is not None:
         on_disk = min(p.keep + 1, p.saves)
         kept = (f"the newest {p.keep} kept (KEEP_CHECKPOINTS): {human_bytes(p.checkpoint_peak)} at the peak"
                 + (f", {on_disk} saves while the next is written" if on_disk > p.keep else "") if p.keep else
                 f"all kept (KEEP_CHECKPOINTS=0): {human_bytes(p.checkpoint_peak)}")
         lines.append(f"  checkpoints: {_count(p.saves, 'save')} in the run, {kept}")
-        lines.append(f"  weight exports (disk sync, SAVE_DIR/weights): {human_bytes(p.exports)} at the peak "
-                     f"(2 x {human_bytes(p.export_each)})")
+        if p.lora_rank:
+            lines.append(f"  weight exports (LoRA: the adapter alone each sync, SAVE_DIR/weights): "
+                         f"{human_bytes(p.exports)} at the peak (2 x {human_bytes(p.export_each)}, {p.serving_dtype})")
+        else:
+            lines.append(f"  weight exports (disk sync, SAVE_DIR/weights): {human_bytes(p.exports)} at the peak "
+                         f"(2 x {human_bytes(p.export_each)})")
     lines.append(f"  traces: at most {human_bytes(p.traces)} ({p.episodes:,} episodes, each at most its "
                  f"response budget + {PROMPT_TOKENS:,} prompt tokens x {TRACE_BYTES_PER_TOKEN} bytes)")
     if p.parameters is not None:

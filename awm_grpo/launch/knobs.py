@@ -363,12 +363,24 @@ PROFILES: dict[str, dict[str, Any]] = {
         # 1.1 s a step (fp32 torch backend: 65 GiB, 7.3 s). Colocated engines release their memory
         # meanwhile (--offload-rollout, on under --colocate).
         "training.train_backend": "fsdp", "training.bf16": True, "training.recompute_granularity": "full",
-        "training.lora_rank": 0, "training.lora_alpha": 16.0, "training.lora_target_modules": "all-linear",
+        # One GPU trains LoRA adapters (docs/lora.md): Qwen3-4B's full training state (fp32 master weights,
+        # AdamW moments: ~63 GiB at the step's peak) would leave the colocated engines little room, and a
+        # 40 GB card cannot hold it at all; with adapters the base is frozen (no gradients, no moments), the
+        # KL reference is the base itself (adapters switched off, no second copy) and each weight sync moves
+        # the adapter (~130 MB at r 32 in bf16) instead of the model (~8 GB). Two or more GPUs: full fine-tuning.
+        "training.lora_rank": Derived(lambda get, g: 32 if get("hardware.num_gpus") == 1 else 0,
+                                      "one GPU: 32 (LoRA); else 0 (full fine-tuning)"),
+        "training.lora_alpha": Derived(lambda get, g: 2.0 * get("training.lora_rank") if get("training.lora_rank")
+                                       else 16.0, "2 x lora_rank (updates x 2); 16 when lora_rank is 0"),
+        "training.lora_target_modules": "all-linear",
         "training.lora_dropout": 0.0,
         "training.save_interval": 10, "training.keep_checkpoints": 2, "training.eval_interval": 10,
         "training.n_samples_per_eval_prompt": 1,
         "training.skip_eval_before_train": True, "training.seed": 1234,
-        "optimizer.lr": 1e-6, "optimizer.weight_decay": 0.1, "optimizer.adam_beta1": 0.9,
+        # LoRA's best rate is commonly ~10x full fine-tuning's (adapters start at zero, move through a product)
+        "optimizer.lr": Derived(lambda get, g: 1e-5 if get("training.lora_rank") else 1e-6,
+                                "1e-6; 1e-5 with LoRA (lora_rank > 0)"),
+        "optimizer.weight_decay": 0.1, "optimizer.adam_beta1": 0.9,
         "optimizer.adam_beta2": 0.98, "optimizer.clip_grad": 1.0,
         "grpo.advantage_estimator": "grpo", "grpo.kl_loss_coef": 0.001, "grpo.kl_loss_type": "low_var_kl",
         "grpo.eps_clip": 0.2, "grpo.eps_clip_high": 0.28, "grpo.entropy_coef": 0.0,

@@ -117,15 +117,7 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> Any:
     """
     from peft import get_peft_model
 
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [t for t in settings.target_modules if t not in present]
-    if missing:
-        raise ValueError(f"LoRA target modules {missing} are not module names of {type(model).__name__} (it has "
-                         f"e.g. {sorted(n for n in present if n.endswith('proj'))[:12]}): fix --target-modules")
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] in settings.target_modules and not isinstance(module, torch.nn.Linear):
-            raise ValueError(f"LoRA target {name} is a {type(module).__name__}, not an nn.Linear: only linear "
-                             "layers are adapted here; drop it from --target-modules")
+    target_linears(model, settings)  # refuses targets that name no module or a non-Linear one
     # A's random init from a fixed seed: every data-parallel rank (each builds its own copy before FSDP2
     # keeps its shard of it) and every run of the same settings starts from the same adapter
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
@@ -137,6 +129,40 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> Any:
         check_adapter_config(config, settings, settings.adapter_path)
         load_adapter_tensors(model, tensors, prefix="")
     return peft_model
+
+
+def target_linears(model: torch.nn.Module, settings: LoraSettings) -> dict[str, torch.nn.Linear]:
+    """The Linear layers `settings` adapts, by module name: those whose last name part is a target (how peft
+    matches a list of names). One rule for the injection (`apply_lora`) and for sizing an adapter before
+    any weight exists (`adapter_parameter_count`). A target that names no module, or a module that is not
+    an nn.Linear, is a ValueError saying how to fix --target-modules."""
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [t for t in settings.target_modules if t not in present]
+    if missing:
+        raise ValueError(f"LoRA target modules {missing} are not module names of {type(model).__name__} (it has "
+                         f"e.g. {sorted(n for n in present if n.endswith('proj'))[:12]}): fix --target-modules")
+    out: dict[str, torch.nn.Linear] = {}
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] not in settings.target_modules:
+            continue
+        if not isinstance(module, torch.nn.Linear):
+            raise ValueError(f"LoRA target {name} is a {type(module).__name__}, not an nn.Linear: only linear "
+                             "layers are adapted here; drop it from --target-modules")
+        out[name] = module
+    return out
+
+
+def adapter_parameter_count(model_dir: str | os.PathLike, settings: LoraSettings) -> int:
+    """Parameters of the adapter `settings` puts on the HF model whose config.json is in `model_dir`:
+    r x (in + out) per targeted Linear (A: [r, in], B: [out, r]). From the config alone, on a meta-device
+    model (as `checkpoint.parameter_count`), so the launcher sizes a LoRA run's saves and adapter syncs
+    before any weight is read or the trainer starts."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(settings.rank * (m.in_features + m.out_features) for m in target_linears(model, settings).values())
 
 
 def is_adapter_name(name: str) -> bool:

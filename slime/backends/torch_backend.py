@@ -79,6 +79,8 @@ class TorchTrainer:
     `lora`: train peft LoRA adapters on the frozen model instead (`slime.backends.lora`): only the
     adapters are in the optimizer and in checkpoints' trainer state; HF exports, checkpoints' model/ and
     `hf_named_tensors` hold the merged weights; `adapter_tensors` / `save_adapter` give the adapter alone.
+    `ref_is_base` (LoRA only, instead of `ref_model`): the KL reference is the frozen base itself, read with
+    the adapters switched off, so no second copy of the weights is held.
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class TorchTrainer:
         device: torch.device | str | None = None,
         dp: DataParallel | None = None,
         lora: lora_mod.LoraSettings | None = None,
+        ref_is_base: bool = False,
     ) -> None:
         self.config = c = config or TrainerConfig()
         self.dp = dp or DataParallel()
@@ -103,6 +106,9 @@ class TorchTrainer:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.runner = self._wrap(self.model)
         self.ref_model = self.ref_runner = None
+        if ref_is_base and (lora is None or ref_model is not None):
+            raise ValueError("ref_is_base needs lora= and no ref_model: the reference is the base under the adapters")
+        self.ref_is_base = ref_is_base
         if ref_model is not None:
             self.ref_model = _as_model(ref_model).to(self.device).eval().requires_grad_(False)
             self.ref_runner = self._wrap(self.ref_model)
@@ -177,9 +183,42 @@ class TorchTrainer:
 
     def compute_ref_log_probs(self, samples: Sequence[Sample], temperature: float = 1.0) -> list[list[float]]:
         """Per response token log-probs under the reference model (for the KL loss)."""
+        if self.ref_is_base:
+            with self.peft_model.disable_adapter():  # W alone: the adapters' delta is switched off, not removed
+                return self.compute_log_probs(samples, temperature)
         if self.ref_model is None:
             raise ValueError("no reference model: pass ref_model= to TorchTrainer to use a KL loss")
         return self.compute_log_probs(samples, temperature, model=self.ref_runner)
+
+    def memory(self) -> dict[str, float]:
+        """What training holds, in bytes: `state_bytes` = this rank's weights, gradients, optimizer moments and
+        reference weights (exact, from the tensors; what LoRA shrinks); `peak_bytes` = the device's peak since
+        the process began (CUDA: the allocator's peak; CPU: the process's peak resident memory, which also
+        counts Python, torch and batches)."""
+        seen: set[int] = set()
+        total = 0
+
+        def add(t: Tensor | None) -> None:
+            nonlocal total
+            if isinstance(t, Tensor) and id(t) not in seen:
+                seen.add(id(t))
+                local = getattr(t, "_local_tensor", t)  # an FSDP2 shard: this rank's part
+                total += local.numel() * local.element_size()
+
+        for module in (self.model, self.ref_model):
+            for p in module.parameters() if module is not None else ():
+                add(p)
+                add(p.grad)
+        for state in self.optimizer.state.values():
+            for value in state.values():
+                add(value)
+        if self.device.type == "cuda":
+            peak = float(torch.cuda.max_memory_allocated(self.device))
+        else:
+            import resource
+
+            peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+        return {"state_bytes": float(total), "peak_bytes": peak}
 
     # ---- training ----------------------------------------------------------------------------
 

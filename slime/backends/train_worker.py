@@ -115,8 +115,13 @@ class TrainWorker:
 
             trainer_cls = MegatronTrainer
         lora = LoraSettings.from_args(args)  # None at --lora-rank 0 (full fine-tuning)
+        extra: dict[str, Any] = {}
+        if lora is not None:
+            extra["lora"] = lora
+            if ref is not None and same_folder(ref, args.hf_checkpoint):  # the base under the adapters: no copy
+                ref, extra["ref_is_base"] = None, True
         self.trainer = trainer_cls(args.hf_checkpoint, trainer_config(args), ref_model=ref, device=device, dp=dp,
-                                   **({"lora": lora} if lora is not None else {}))
+                                   **extra)
         self._tokenizer = None
         self._tensor_sync: Any = None
 
@@ -298,7 +303,16 @@ class TrainWorker:
         for key in dict.fromkeys(k for m in per_step for k in m):  # a step that trained nothing lacks token metrics
             values = [m[key] for m in per_step if key in m]
             metrics[f"train/{key}"] = sum(values) / len(values)
+        if hasattr(self.trainer, "memory"):
+            held = self.trainer.memory()
+            metrics["train/state_gib"] = self.trainer.dp.sum([held["state_bytes"]])[0] / 2**30  # all ranks
+            metrics["train/peak_memory_gib"] = self.trainer.dp.max([held["peak_bytes"]])[0] / 2**30  # the worst rank
         return metrics
+
+
+def same_folder(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two checkpoint paths name the same folder (hub names compare as written)."""
+    return a == b or os.path.realpath(a) == os.path.realpath(b)
 
 
 def opd_advantages(

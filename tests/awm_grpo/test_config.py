@@ -170,7 +170,7 @@ def test_gpu_profiles_train_qwen3_4b_sharded_recomputed_and_handing_the_gpu_over
     finalize_args(args)
     assert args.bf16 and args.offload_train and args.offload_rollout  # --colocate with SGLang engines
     assert cpu()["training.recompute_granularity"] is None and cpu()["training.train_backend"] == "torch"
-    one_40gb = C.resolve(None, env={}, gpus=C.parse_nvidia_smi("40960 MiB, NVIDIA A100-SXM4-40GB\n"))
+    one_40gb = C.resolve(None, env={"LORA_RANK": "0"}, gpus=C.parse_nvidia_smi("40960 MiB, NVIDIA A100-SXM4-40GB\n"))
     assert any("40 GB card needs hardware.train_num_gpus >= 2" in w for w in one_40gb.warnings)
     two_40gb = C.resolve(None, env={}, gpus=C.parse_nvidia_smi("40960 MiB, NVIDIA A100-SXM4-40GB\n" * 2))
     assert not any("40 GB card" in w for w in two_40gb.warnings)

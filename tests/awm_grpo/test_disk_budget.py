@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from awm_grpo.launch.disk import DiskPlan, check
-from slime.backends.checkpoint import save_sizes
+from slime.backends.checkpoint import human_bytes, save_sizes
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = "81559 MiB, NVIDIA H100 80GB HBM3"
@@ -140,3 +140,82 @@ def test_the_refusal_and_the_warning_thresholds():
     refusal, _ = check(_plan(free=one - 1, existing=2 * one))  # resumed: the next save goes beside the two kept
     assert "less than one save beside the checkpoints already there" in refusal
     assert check(_plan(free=one, existing=2 * one))[0] is None
+
+
+def _resolved_plan(tmp_path: Path, gpus: int = 4, **env: str) -> DiskPlan:
+    """The launcher's plan for a config-only Qwen3-4B on `gpus` simulated H100s, resolved as the launcher does."""
+    from transformers import Qwen3Config
+
+    from awm_grpo.launch import config as C
+    from awm_grpo.launch.disk import plan
+
+    folder = tmp_path / "model"
+    Qwen3Config(**QWEN3_4B).save_pretrained(folder)
+    cfg = C.resolve(None, env={"HF_CKPT": str(folder), "SAVE_DIR": str(tmp_path / "save"), **env},
+                    gpus=C.parse_nvidia_smi(f"{H100}\n" * gpus))
+    return plan(cfg)
+
+
+# r x (in + out) of the seven projections of one Qwen3-4B block, at r = 1: q, k, v, o, gate, up, down
+QWEN3_4B_BLOCK = (2560 + 4096) + 2 * (2560 + 1024) + (4096 + 2560) + 2 * (2560 + 9728) + (9728 + 2560)
+
+
+@pytest.mark.parametrize(("targets", "per_block"), [("all-linear", QWEN3_4B_BLOCK),
+                                                     ("q_proj,v_proj", (2560 + 4096) + (2560 + 1024))])
+def test_a_lora_save_is_the_merged_model_and_the_adapter_with_its_moments_not_the_base_state(tmp_path, targets,
+                                                                                               per_block):
+    """LORA_RANK=8 on Qwen3-4B: model/ is the merged model in bf16 (8.0 GB, as a full save's), then 4 bytes an
+    adapter parameter three times (adapter/, trainer/'s fp32 adapter) plus 8 for AdamW's two moments; the
+    frozen base's 4 billion weights have no master copy and no moments. Each sync exports the adapter alone."""
+    lora = _resolved_plan(tmp_path, LORA_RANK="8", LORA_TARGET_MODULES=targets)
+    full = _resolved_plan(tmp_path, LORA_RANK="0")
+    adapter = 8 * 36 * per_block
+    assert (lora.lora_rank, lora.adapter_parameters, lora.parameters) == (8, adapter, QWEN3_4B_PARAMETERS)
+    assert lora.save == {"model": 2 * QWEN3_4B_PARAMETERS, "adapter": 4 * adapter, "master": 4 * adapter,
+                         "optimizer": 8 * adapter}
+    assert lora.one_save == 2 * QWEN3_4B_PARAMETERS + 16 * adapter
+    assert lora.export_each == 2 * adapter and lora.exports == 4 * adapter  # bf16 adapter folders, two at the peak
+    assert full.one_save == 14 * QWEN3_4B_PARAMETERS and full.export_each == 2 * QWEN3_4B_PARAMETERS
+    assert lora.one_save < full.one_save / 6 and lora.exports < full.exports / 100
+    assert lora.checkpoint_peak == 3 * lora.one_save  # the newest 2 kept + the one being written
+
+    from awm_grpo.launch.disk import report
+
+    text = report(lora)
+    assert f"one save (LoRA rank 8, {targets}: no base weights in trainer/): " in text
+    assert "model/ 8.0 GB (bfloat16, merged weights) + adapter/ " in text and "in the adapter)" in text
+    assert f"{adapter:,} in the adapter" in text and "weight exports (LoRA: the adapter alone each sync" in text
+
+
+def test_the_one_gpu_lora_default_r32_all_linear_save_is_9_1_gb(tmp_path):
+    """One GPU turns LoRA on at rank 32 (knobs.py): 66,060,288 adapter parameters on Qwen3-4B, a save of
+    8.0 GB + 16 x 66,060,288 bytes = 9.1 GB (a full save is 56.3 GB), adapter syncs of 132.1 MB in bf16;
+    the launcher's dry run prints it so."""
+    lora = _resolved_plan(tmp_path, gpus=1)
+    assert (lora.lora_rank, lora.adapter_parameters) == (32, 32 * 36 * QWEN3_4B_BLOCK) == (32, 66_060_288)
+    assert lora.one_save == 8_044_936_192 + 16 * 66_060_288 == 9_101_900_800
+    assert lora.export_each == 132_120_576
+    done = _launch(tmp_path, "--dry-run", gpus=1, SAVE_DIR=str(tmp_path / "save"))  # what it prints
+    assert done.returncode == 0, done.stderr[-2000:]
+    disk = "\n".join(_disk_lines(done.stdout))
+    assert ("one save (LoRA rank 32, all-linear: no base weights in trainer/): 9.1 GB = model/ 8.0 GB (bfloat16, "
+            "merged weights) + adapter/ 264.2 MB (fp32) + fp32 adapter in trainer/ 264.2 MB + its AdamW moments "
+            "528.5 MB (Qwen3ForCausalLM, 4,022,468,096 parameters, 66,060,288 in the adapter)") in disk
+    assert ("weight exports (LoRA: the adapter alone each sync, SAVE_DIR/weights): 264.2 MB at the peak "
+            "(2 x 132.1 MB, bfloat16)") in disk
+
+
+def test_the_refusal_and_the_warning_thresholds_use_the_lora_save(tmp_path):
+    """Two LoRA saves (18.2 GB) fit where two full saves (112.6 GB) would not: the launcher refuses below the
+    LoRA figure only, and warns below the LoRA run's peak."""
+    from dataclasses import replace
+
+    lora = _resolved_plan(tmp_path, gpus=1)
+    one = lora.one_save
+    refusal, warning = check(replace(lora, free=2 * one - 1, total=10**12))
+    assert refusal is not None and "less than two saves (18.2 GB; one save is 9.1 GB" in refusal and warning is None
+    refusal, warning = check(replace(lora, free=2 * one, total=10**12))  # far below two full saves: it starts
+    assert refusal is None and warning is not None and f"the run peaks at {human_bytes(lora.peak)}" in warning
+    assert check(replace(lora, free=lora.peak, total=10**12)) == (None, None)
+    refusal, _ = check(replace(lora, free=one - 1, existing=2 * one, total=10**12))
+    assert "less than one save beside the checkpoints already there (9.1 GB" in refusal

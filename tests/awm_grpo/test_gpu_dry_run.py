@@ -21,6 +21,7 @@ MACHINES = {  # name -> (nvidia-smi line of one GPU, count, the profile it must 
     "4xH100": ("81559 MiB, NVIDIA H100 80GB HBM3", 4, "h100"),
     "8xH200": ("143771 MiB, NVIDIA H200", 8, "h200"),
     "4xA100-40GB": ("40960 MiB, NVIDIA A100-SXM4-40GB", 4, "a100-40gb"),
+    "1xH200": ("143771 MiB, NVIDIA H200", 1, "h200"),  # one GPU: LoRA adapters (docs/lora.md)
 }
 
 
@@ -71,3 +72,7 @@ def test_dry_run_prints_flags_slime_and_sglang_accept(tmp_path: Path, sglang: Sg
         assert parsed["fields"]["mem_fraction_static"] == args.sglang_mem_fraction_static == 0.7
         assert parsed["fields"]["tp_size"] == args.rollout_num_gpus_per_engine
         assert parsed["fields"]["enable_memory_saver"] is bool(args.offload_rollout)
+        lora = count == 1  # the engine serves the adapter the trainer syncs, at the trainer's rank and modules
+        assert args.lora_rank == (32 if lora else 0) and bool(parsed["fields"]["enable_lora"]) is lora
+        if lora:
+            assert parsed["fields"]["max_lora_rank"] == 32 and not parsed["fields"]["lora_paths"]

@@ -281,3 +281,30 @@ def test_the_report_tables_and_plots_from_a_finished_folder(tmp_path):
     for name in ("methods_curves.png", "methods_held_out.png"):
         assert (out / name).stat().st_size > 10_000 and (tmp_path / "img" / name).exists()
 
+
+
+def test_the_lora_arm_trains_adapters_and_the_report_says_what_a_step_cost(tmp_path):
+    out = tmp_path / "m"
+    opts = methods.parse(["--out", str(out), "--seeds", "0", "--arms", "grpo", "lora", "--steps", "2",
+                          "--rounds", "1", "10", "--lora-rank", "4", "--lora-lr", "3e-3"])
+    grpo, lora = (methods.rl_env(opts, out, arm, 0) for arm in ("grpo", "lora"))
+    assert {k: v for k, v in lora.items() if grpo.get(k) != v} == {
+        "SAVE_DIR": str(out / "lora-s0"), "LR": "0.003", "LORA_RANK": "4", "LORA_ALPHA": "16.0"}
+    assert "LORA_RANK" not in grpo and methods.model_of(opts, out, "lora", 0) == out / "lora-s0/iter_0000001/model"
+    write_jsonl(out / "eval" / "ws.jsonl", episodes({0: [0], 1: [0]}))
+    for arm, sync in (("grpo", 1_000_000.0), ("lora", 50_000.0)):
+        write_jsonl(out / "eval" / f"{arm}-s0.jsonl", episodes({0: [1], 1: [0]}))
+        write_jsonl(out / f"{arm}-s0" / "traces" / "rollout_000000.jsonl", [
+            {"step": s, "verdict": "complete", "reward": 1.0, "turns": [{}], "stop_reason": "final_answer"}
+            for s in range(2)])
+        write_jsonl(out / f"{arm}-s0" / "metrics.jsonl", [
+            {"kind": "train", "step": s, "rollout/episodes_played": 32.0, "sync/bytes": sync, "train/time_s": 2.0 + s,
+             "rollout/time_s": 10.0, "train/state_gib": sync / 2**20, "train/peak_memory_gib": 1.5}
+            for s in range(2)])
+        (out / f"{arm}-s0" / "latest_checkpointed_iteration.txt").write_text("1\n")
+    result = methods.write_report(opts, out)
+    assert result["curves"]["lora"]["0"]["sync_bytes"] == {"0": 50_000.0, "1": 50_000.0}
+    md = (out / "methods.md").read_text()
+    assert "| grpo | 1,000,000 | 2.5 | 10.0 | 0.9537 | 1.50 |" in md
+    assert "| lora | 50,000 | 2.5 | 10.0 | 0.0477 | 1.50 |" in md
+    assert "lora: rank 4, alpha 16.0, LR 0.003" in md and result["arms"]["lora"]["after"] == {"0": 0.5}

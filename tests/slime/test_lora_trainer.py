@@ -21,6 +21,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
 
+from slime.algorithms.losses import PolicyLossConfig
 from slime.arguments import ArgumentError, parse_args
 from slime.backends import lora as lora_mod
 from slime.backends.distributed import init_data_parallel, shard_by_tokens
@@ -119,6 +120,44 @@ def test_gradient_checkpointing_trains_the_adapters_the_same():
     for key, value in recomputed.adapter_tensors().items():
         torch.testing.assert_close(value, expected[key], atol=1e-6, rtol=0, msg=key)
     assert all(v.abs().sum() > 0 for k, v in expected.items() if "lora_B" in k)  # B left its zero init: it trained
+
+
+def test_the_kl_reference_of_a_lora_run_is_the_base_with_adapters_off_and_no_second_copy():
+    """ref_is_base: reference log-probs come from the frozen base under the (trained) adapters, equal to a
+    separately held base model's, while the policy's log-probs differ; the KL step uses them; the trainer
+    then holds one copy of the weights fewer than with a reference model."""
+    trainer = trained()
+    trainer_with_copy = TorchTrainer(tiny_model(), CONFIG, lora=SETTINGS, ref_model=tiny_model())
+    samples = batch(5, seed=9)
+    base_only = TorchTrainer(tiny_model(), CONFIG, lora=SETTINGS, ref_is_base=True)
+    for step in range(2):  # the same steps as trained(): same seeded adapters, same batches
+        for t in (base_only, trainer_with_copy):
+            t.train_step(batch(6, seed=step), advantages(batch(6, seed=step)))
+    ref = base_only.compute_ref_log_probs(samples)
+    expected = trainer_with_copy.compute_ref_log_probs(samples)
+    policy = base_only.compute_log_probs(samples)
+    flat = lambda rows: torch.tensor([x for row in rows for x in row])  # noqa: E731
+    assert torch.allclose(flat(ref), flat(expected), atol=1e-6)
+    assert not torch.allclose(flat(policy), flat(ref), atol=1e-3)  # the adapters are on again afterwards
+    assert torch.allclose(flat(policy), flat(trainer.compute_log_probs(samples)), atol=1e-6)
+
+    kl = PolicyLossConfig(kl_loss_coef=0.1)
+    metrics = base_only.train_step(samples, advantages(samples), kl)
+    assert metrics["kl_loss"] > 0
+
+    weights = sum(p.numel() * p.element_size() for p in tiny_model().parameters())
+    trainer_with_copy.train_step(samples, advantages(samples), kl)
+    assert trainer_with_copy.memory()["state_bytes"] - base_only.memory()["state_bytes"] == weights
+    full = TorchTrainer(tiny_model(), CONFIG)
+    full.train_step(samples, advantages(samples))
+    held, lora_held = full.memory()["state_bytes"], base_only.memory()["state_bytes"]
+    assert held >= 3 * weights  # weights and two AdamW moments (gradients are freed after the step)
+    adapter = lora_mod.tensor_bytes(base_only.adapter_tensors())
+    steps = 4 * len(base_only.adapter_tensors())  # AdamW's per-tensor step counters (fp32 scalars)
+    assert lora_held == weights + 3 * adapter + steps  # frozen base, adapters and their two moments
+    assert base_only.memory()["peak_bytes"] > lora_held
+    with pytest.raises(ValueError, match="ref_is_base needs lora"):
+        TorchTrainer(tiny_model(), CONFIG, ref_is_base=True)
 
 
 def test_adapter_tensors_are_peft_keys_and_a_small_fraction_of_the_model():
@@ -366,6 +405,21 @@ def test_fsdp2_ranks_with_lora_match_one_rank_and_checkpoint_across(tmp_path):
     resumed.load_checkpoint(out.with_suffix(".ck"))
     for key, value in got["adapter"].items():
         assert torch.equal(resumed.adapter_tensors()[key], value), key
+
+
+@pytest.mark.parametrize("targets", ["all-linear", "q_proj,v_proj"])
+def test_adapter_parameter_count_from_the_config_alone_is_what_peft_creates(tmp_path, targets):
+    """The launcher's disk budget sizes a LoRA save from config.json (a meta-device model): r x (in + out) per
+    targeted Linear must be exactly the number of factor parameters peft injects into the real model."""
+    settings = LoraSettings(rank=4, alpha=8.0, target_modules=lora_mod.parse_target_modules(targets))
+    build_config(VOCAB, eos_id=VOCAB - 1, pad_id=0).save_pretrained(tmp_path)
+    counted = lora_mod.adapter_parameter_count(tmp_path, settings)
+    model = tiny_model()
+    lora_mod.apply_lora(model, settings)
+    created = sum(p.numel() for _, p in lora_mod.adapter_parameters(model))
+    assert counted == created > 0
+    assert counted == sum(p.numel() for p in model.parameters() if p.requires_grad)  # all that trains
+    assert len(lora_mod.adapter_parameters(model)) == 2 * 2 * len(settings.target_modules)  # A, B x 2 blocks
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
