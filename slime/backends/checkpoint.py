@@ -132,12 +132,17 @@ def save_sizes(parameters: int, serving_dtype: str | torch.dtype, *, master_dtyp
 def parameter_count(model_dir: str | os.PathLike) -> int:
     """Unique weights of the HF model whose config.json is in `model_dir` (a tied head counted once),
     counted on a meta-device model built from the config: no weight is read or allocated."""
+    return sum(p.numel() for p in meta_model(model_dir).parameters())
+
+
+def meta_model(model_dir: str | os.PathLike) -> torch.nn.Module:
+    """The HF model of `model_dir`'s config.json built on the meta device: its shapes, no weight read or
+    allocated (to size saves and adapters before a run starts)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+        return AutoModelForCausalLM.from_config(config)
 
 
 def human_bytes(n: float) -> str:

@@ -157,12 +157,10 @@ def adapter_parameter_count(model_dir: str | os.PathLike, settings: LoraSettings
     r x (in + out) per targeted Linear (A: [r, in], B: [out, r]). From the config alone, on a meta-device
     model (as `checkpoint.parameter_count`), so the launcher sizes a LoRA run's saves and adapter syncs
     before any weight is read or the trainer starts."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from slime.backends.checkpoint import meta_model
 
-    config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(settings.rank * (m.in_features + m.out_features) for m in target_linears(model, settings).values())
+    linears = target_linears(meta_model(model_dir), settings).values()
+    return sum(settings.rank * (m.in_features + m.out_features) for m in linears)
 
 
 def is_adapter_name(name: str) -> bool:
