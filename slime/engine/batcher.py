@@ -17,8 +17,10 @@ must send weights next (from disk, or as tensors: the buffers no update sends ar
 
 LoRA (`slime.engine.lora_adapters.AdapterSet`): a request may name a loaded adapter; hooks on the
 targeted Linear layers add its low-rank term to that request's rows only, so one batch mixes base and
-adapter requests. Adapter requests skip the prefix cache (it holds base-model KV). Loads and unloads run
-between steps like weight updates; unloading one that running or waiting requests name is refused.
+adapter requests. The prefix cache keys KV by the weights that computed it (the base, or an adapter's
+name and load generation), so a multi-turn adapter episode re-uses its own KV and never another's, nor a
+previous load's of the same name. Loads and unloads run between steps like weight updates; unloading one
+that running or waiting requests name is refused, and drops that adapter's cached KV.
 
 Weight updates: from a HF folder (`update_weights`), or from tensors a trainer shares
 (`update_weights_from_tensors`, one bucket of `/update_weights_from_tensor`), both on this thread.
@@ -55,7 +57,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from slime.engine.inplace_load import load_in_place
 from slime.engine.lora_adapters import AdapterError, AdapterSet, read_adapter
-from slime.engine.prefix_cache import Hit, PrefixCache
+from slime.engine.prefix_cache import Hit, PrefixCache, Weights
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +154,7 @@ class _Request:
     stop_ids: frozenset[int] = frozenset()
     cached_tokens: int = 0
     kv_version: int = -1  # the weights its KV was computed with (Batcher._version_counter at prefill)
+    kv_weights: Weights = None  # base or (adapter, load generation) at prefill: the prefix cache's key
     score_from: int | None = None  # logprob_start_len: score the prompt from here (see the module docstring)
     input_logprobs: list[float | None] | None = None
     adapter: str | None = None  # the LoRA adapter it runs with (its `lora_path`); None: the base model
@@ -421,6 +424,7 @@ class Batcher:
                         raise AdapterError(f"{busy} requests that name the LoRA adapter {kwargs['adapter']!r} are "
                                            "running or waiting: finish or abort them before unloading it")
                     self.lora.remove(kwargs["adapter"], self.model)
+                self.prefix_cache.drop_adapter(kwargs["adapter"])  # never hit again: free the budget
                 future.set_result(self.lora.loaded())
                 return
             if name == "load_tensors":
@@ -532,8 +536,8 @@ class Batcher:
             if request.params.max_new_tokens == 0:
                 self._finish(request, {"type": "length", "length": 0})
                 continue
-            # the prefix cache holds base-model KV only: an adapter's request is prefilled whole
-            hit = None if request.adapter is not None else self.prefix_cache.get(request.prompt_ids)
+            # only KV of the weights this request runs with (base, or this load of its adapter)
+            hit = self.prefix_cache.get(request.prompt_ids, self.lora.weights_of(request.adapter))
             if hit is None:
                 misses.append(request)
             else:
@@ -553,7 +557,7 @@ class Batcher:
                          position_ids=torch.arange(hit.n, total).view(1, -1), past_key_values=cache,
                          use_cache=True, logits_to_keep=1)
         request.cached_tokens = hit.n
-        request.kv_version = self._version_counter
+        self._stamp(request)
         self._join([request], out.past_key_values, mask, torch.tensor([total]), out.logits[:, -1, :].float())
 
     @torch.inference_mode()
@@ -575,7 +579,7 @@ class Batcher:
         if not generate:
             self._finish(request, {"type": "length", "length": 0})
             return
-        request.kv_version = self._version_counter
+        self._stamp(request)
         self._join([request], out.past_key_values, torch.ones((1, len(prompt)), dtype=torch.long),
                    torch.tensor([len(prompt)]), out.logits[:, -1, :].float())
 
@@ -595,8 +599,13 @@ class Batcher:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         for request in requests:
-            request.kv_version = self._version_counter
+            self._stamp(request)
         self._join(requests, out.past_key_values, mask, mask.sum(-1), out.logits[:, -1, :].float())
+
+    def _stamp(self, request: _Request) -> None:
+        """Record which weights compute this request's KV, so `_remember` caches it under them only."""
+        request.kv_version = self._version_counter
+        request.kv_weights = self.lora.weights_of(request.adapter)
 
     def _join(self, requests: list[_Request], cache: DynamicCache, mask: torch.Tensor, next_pos: torch.Tensor,
               logits: torch.Tensor) -> None:
@@ -683,14 +692,16 @@ class Batcher:
         """Keep a finished row's KV in the prefix cache: prompt + output, but the last token (never fed)."""
         if not self.prefix_cache.enabled or request.kv_version != self._version_counter:
             return  # a request that lived through a weight update holds KV of both weights
-        if request.adapter is not None:
-            return  # KV computed with an adapter: the cache serves base-model prompts only
+        if request.adapter is not None and request.adapter not in self.lora:
+            return  # cannot happen (unload waits for its requests); never cache KV of unknown weights
+        if request.kv_weights != self.lora.weights_of(request.adapter):
+            return  # its adapter was reloaded meanwhile: the KV is of the previous load
         n = len(request.prompt_ids) + len(request.output_ids) - 1
         if int(self._mask[row].sum()) != n or not bool(self._mask[row, -n:].all()):
             logger.warning("prefix cache: row %d does not hold its %d tokens contiguously; not cached", row, n)
             return
         layers = [(k[row : row + 1, :, -n:], v[row : row + 1, :, -n:]) for k, v in _cache_tensors(self._cache)]
-        self.prefix_cache.put(request.prompt_ids + request.output_ids[:-1], layers)
+        self.prefix_cache.put(request.prompt_ids + request.output_ids[:-1], layers, request.kv_weights)
 
     def _finish(self, request: _Request, reason: dict[str, Any]) -> None:
         if request.future.done():

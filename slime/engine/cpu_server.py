@@ -29,8 +29,11 @@ LoRA (`slime.engine.lora_adapters`): `/load_lora_adapter` ({"lora_name", "lora_p
 folder}) and `/unload_lora_adapter` ({"lora_name"}) answer as SGLang's LoRAUpdateOutput (`success`,
 `error_message`, `loaded_adapters`; a folder it cannot serve is a 400 that says why), and a /generate
 whose `lora_path` names a loaded adapter runs with it (one name, or one per prompt in a batch); base and
-adapter requests share a batch. Unlike SGLang, such requests bypass the prefix cache (it holds base KV),
-and unloading an adapter that running or waiting requests name is refused instead of waited for.
+adapter requests share a batch. The prefix cache serves them too: its entries are keyed by
+the weights that computed them (the base, or an adapter's name and load generation), so a multi-turn
+adapter episode prefills only each turn's new tokens, and an adapter reloaded under the same name (a
+weight sync) never gets the previous load's KV; unloading drops that adapter's entries. Unlike SGLang,
+unloading an adapter that running or waiting requests name is refused instead of waited for.
 """
 
 from __future__ import annotations

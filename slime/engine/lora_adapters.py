@@ -17,6 +17,7 @@ engine cannot serve exactly is an `AdapterError` (HTTP 400) that says why.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -158,6 +159,7 @@ class Adapter:
     path: str
     rank: int
     layers: dict[str, tuple[torch.Tensor, torch.Tensor, float]]
+    generation: int = 0  # set by AdapterSet.add: which load this is (the prefix cache keys KV by it)
 
 
 def check_name(name: Any) -> str:
@@ -281,6 +283,7 @@ class AdapterSet:
         self.rows: list[str | None] = []
         self._model: torch.nn.Module | None = None
         self._hooks: dict[str, Any] = {}
+        self._loads = itertools.count(1)  # never reused: a reload under the same name is new weights
 
     def __contains__(self, name: object) -> bool:
         return name in self.adapters
@@ -289,6 +292,11 @@ class AdapterSet:
         """name -> folder, as sglang's LoRAUpdateOutput lists `loaded_adapters`."""
         return {name: adapter.path for name, adapter in dict(self.adapters).items()}  # a copy: any thread
 
+    def weights_of(self, name: str | None) -> tuple[str, int] | None:
+        """What computes a request's KV (the prefix cache's `Weights`): None for the base model,
+        (name, load generation) for a loaded adapter."""
+        return None if name is None else (name, self.adapters[name].generation)
+
     def add(self, adapter: Adapter, model: torch.nn.Module) -> None:
         if adapter.name in self.adapters:
             raise AdapterError(f"LoRA with name {adapter.name} already exists: unload it first "
@@ -296,6 +304,7 @@ class AdapterSet:
         if len(self.adapters) >= self.max_loaded:
             raise AdapterError(f"{len(self.adapters)} adapters are loaded, the most this engine holds: unload one "
                                f"of {sorted(self.adapters)} first")
+        adapter.generation = next(self._loads)
         self.adapters[adapter.name] = adapter
         self.bind(model)
 

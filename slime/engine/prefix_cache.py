@@ -8,8 +8,12 @@ KV of each finished request (its prompt and output tokens, as stored rows of eve
 by longest common prefix, evicted least-recently-used beyond a token budget.
 
 Entries hold keys already rotated (RoPE) at positions 0..n-1, so a prefix of an entry is valid for
-any request whose first tokens equal it. Weights change -> `clear()`: a KV from old weights is wrong.
-Only the engine's batching thread uses a cache (no lock).
+any request whose first tokens equal it *and that runs with the same weights*. So every entry is also
+keyed by the weights that computed it (`Weights`): the base model (None) or a LoRA adapter as
+(name, load generation). A lookup matches only its own weights: an adapter reloaded under the same name
+(every LoRA weight sync: unload, then load) gets a new generation and never sees the old one's KV, and
+`drop_adapter` frees that KV at unload. Base weights change -> `clear()`: a KV from old weights is wrong.
+One token budget covers all weights. Only the engine's batching thread uses a cache (no lock).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from dataclasses import dataclass
 import torch
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [1, kv_heads, n, head_dim]
+# Which weights computed an entry's KV: None for the base model, (adapter name, load generation) for a LoRA adapter.
+Weights = tuple[str, int] | None
 
 
 @dataclass
@@ -50,7 +56,7 @@ class PrefixCache:
     def __init__(self, max_tokens: int, min_tokens: int = 16) -> None:
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens  # shorter matches are not worth a separate prefill
-        self._entries: OrderedDict[tuple[int, ...], Layers] = OrderedDict()
+        self._entries: OrderedDict[tuple[Weights, tuple[int, ...]], Layers] = OrderedDict()
         self._stored = 0
         self.stats = {"hits": 0, "misses": 0, "cached_tokens": 0, "evictions": 0}
 
@@ -64,11 +70,12 @@ class PrefixCache:
     def stored_tokens(self) -> int:
         return self._stored
 
-    def put(self, tokens: list[int], layers: Layers) -> None:
-        """Remember the KV of `tokens` (layers [1, h, len(tokens), d], copied so the batch can be freed)."""
+    def put(self, tokens: list[int], layers: Layers, weights: Weights = None) -> None:
+        """Remember the KV of `tokens` computed with `weights` (layers [1, h, len(tokens), d], copied so the
+        batch can be freed)."""
         if not self.enabled or len(tokens) < self.min_tokens or len(tokens) > self.max_tokens:
             return
-        key = tuple(tokens)
+        key = (weights, tuple(tokens))
         if key in self._entries:
             self._entries.move_to_end(key)
             return
@@ -77,18 +84,22 @@ class PrefixCache:
         self._entries[key] = [(k.clone(), v.clone()) for k, v in layers]
         self._stored += len(tokens)
         while self._stored > self.max_tokens:
-            old, _ = self._entries.popitem(last=False)
+            (_, old), _ = self._entries.popitem(last=False)
             self._stored -= len(old)
             self.stats["evictions"] += 1
 
-    def get(self, prompt: list[int]) -> Hit | None:
-        """The longest cached prefix of `prompt`, leaving at least its last token to prefill (for logits)."""
+    def get(self, prompt: list[int], weights: Weights = None) -> Hit | None:
+        """The longest prefix of `prompt` cached under the same `weights`, leaving at least its last token
+        to prefill (for logits)."""
         if not self.enabled:
             return None
         best_key, best = None, 0
         limit, wanted = len(prompt) - 1, tuple(prompt)
         for key in reversed(self._entries):  # most recent first: the previous turn is usually the match
-            n = min(common_prefix(key, wanted), limit) if len(key) > best else 0
+            owner, tokens = key
+            if owner != weights:  # KV of other weights is wrong for this request
+                continue
+            n = min(common_prefix(tokens, wanted), limit) if len(tokens) > best else 0
             if n > best:
                 best_key, best = key, n
                 if n == limit:
@@ -100,6 +111,16 @@ class PrefixCache:
         self.stats["hits"] += 1
         self.stats["cached_tokens"] += best
         return Hit(best, [(k[:, :, :best], v[:, :, :best]) for k, v in self._entries[best_key]])
+
+    def drop_adapter(self, name: str) -> int:
+        """Forget every entry computed with adapter `name` (any generation); how many tokens that freed.
+        Unloading it calls this: those entries can never hit again, so they should not hold the budget."""
+        stale = [key for key in self._entries if key[0] is not None and key[0][0] == name]
+        freed = sum(len(tokens) for _, tokens in stale)
+        for key in stale:
+            del self._entries[key]
+        self._stored -= freed
+        return freed
 
     def clear(self) -> None:
         self._entries.clear()

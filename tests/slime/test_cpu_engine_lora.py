@@ -5,11 +5,14 @@ The reference is peft itself: each adapter is made by peft (`get_peft_model` + `
 folder is peft's own format) and the engine's log-probs with it must equal those of
 `PeftModel.from_pretrained` over the same base. Base and adapter requests share a batch and must each
 get their own model; a folder the engine cannot serve is a 400 with a sentence, and the engine serves on.
+The prefix cache serves each weights' own KV: a multi-turn adapter conversation re-uses its turns' KV (and
+still equals peft), a reloaded adapter never gets its previous load's, base and adapter never each other's.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,24 +144,128 @@ def test_base_and_adapter_requests_share_a_batch(engine, model_dir, adapters):
         assert unload(engine, name).status_code == 200
 
 
-def test_an_adapter_request_does_not_use_the_base_prefix_cache(engine, model_dir, adapters):
-    assert load(engine, "all", adapters["all"]).status_code == 200
-    prompt = list(range(40, 60))  # the prefix cache keeps matches of 16 tokens and more
-    base = post(engine, "/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 3,
-                                                                              "temperature": 0.0}}).json()
-    follow = prompt + base["output_ids"][:-1] + [30, 31]
+def turn(engine, prompt: list[int], seed: int, adapter: str | None = None) -> dict[str, Any]:
+    """One turn of a conversation: output log-probs only (a scored prompt is never served from the prefix cache)."""
+    body = {"input_ids": prompt, "return_logprob": True, "lora_path": adapter,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": seed, "ignore_eos": True}}
+    reply = post(engine, "/generate", body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
 
-    result = post(engine, "/generate", {"input_ids": follow, "return_logprob": True, "lora_path": "all",
-                                        "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}).json()
-    plain = post(engine, "/generate", {"input_ids": follow, "sampling_params": {"max_new_tokens": 1,
-                                                                                "temperature": 0.0}}).json()
 
-    assert result["meta_info"]["cached_tokens"] == 0
-    assert plain["meta_info"]["cached_tokens"] > 0  # the cache is there for base requests
-    ref = reference(model_dir, adapters["all"], follow + result["output_ids"])
-    want = [ref[len(follow) - 1 + i, tok].item() for i, tok in enumerate(result["output_ids"])]
+def assert_outputs_match(model_dir: Path, adapter: Path | None, prompt: list[int], result: dict[str, Any]) -> None:
+    """The engine's output log-probs equal the reference model's (peft over the base, or the base)."""
+    output = result["output_ids"]
+    ref = reference(model_dir, adapter, prompt + output)
+    want = [ref[len(prompt) - 1 + i, tok].item() for i, tok in enumerate(output)]
     assert [lp for lp, _, _ in result["meta_info"]["output_token_logprobs"]] == pytest.approx(want, abs=TOL)
+
+
+def reused(prompt: list[int], result: dict[str, Any]) -> int:
+    """Cached tokens a next turn extending `prompt` + this result should get: all but the last output token,
+    which was sampled but never fed to the model."""
+    return len(prompt) + len(result["output_ids"]) - 1
+
+
+@pytest.fixture
+def fresh(engine) -> Iterator[None]:
+    """No adapter loaded and an empty prefix cache, before and after: what another test (maybe a failed
+    one) left must not decide this one's loads or hits, nor this one's the next."""
+    def clear() -> None:
+        for name in engine.batcher.lora.loaded():
+            assert unload(engine, name).status_code == 200
+        assert post(engine, "/flush_cache", {}).status_code == 200
+
+    clear()
+    yield
+    clear()
+
+
+def test_a_multi_turn_adapter_conversation_prefills_only_its_new_tokens(engine, fresh, model_dir, adapters):
+    assert load(engine, "all", adapters["all"]).status_code == 200
+    first_prompt = list(range(100, 120))  # the prefix cache keeps matches of 16 tokens and more
+    first = turn(engine, first_prompt, 1, "all")
+    second_prompt = first_prompt + first["output_ids"] + [130, 131, 132]  # + the next observation
+
+    second = turn(engine, second_prompt, 2, "all")
+
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert second["meta_info"]["cached_tokens"] == reused(first_prompt, first)
+    assert_outputs_match(model_dir, adapters["all"], first_prompt, first)
+    assert_outputs_match(model_dir, adapters["all"], second_prompt, second)  # the cached KV is the adapter's
     assert unload(engine, "all").status_code == 200
+
+
+def test_an_adapter_reloaded_under_its_name_never_gets_the_previous_loads_kv(engine, fresh, model_dir, adapters):
+    """A LoRA weight sync (unload, load new weights under the same name) between two turns of an episode."""
+    assert load(engine, "policy", adapters["all"]).status_code == 200
+    prompt = list(range(200, 220))
+    first = turn(engine, prompt, 3, "policy")
+    follow = prompt + first["output_ids"] + [230, 231]
+    before = engine.batcher.lora.weights_of("policy")
+    assert unload(engine, "policy").status_code == 200
+    assert load(engine, "policy", adapters["mlp"]).status_code == 200
+    assert engine.batcher.lora.weights_of("policy") != before  # the cache key of its KV: a new generation
+
+    again = turn(engine, follow, 4, "policy")
+    then_prompt = follow + again["output_ids"] + [232]
+    then = turn(engine, then_prompt, 5, "policy")
+
+    assert again["meta_info"]["cached_tokens"] == 0
+    assert_outputs_match(model_dir, adapters["mlp"], follow, again)
+    assert then["meta_info"]["cached_tokens"] == reused(follow, again)  # the new load's own KV serves
+    assert_outputs_match(model_dir, adapters["mlp"], then_prompt, then)
+    assert unload(engine, "policy").status_code == 200
+
+
+def test_base_and_adapter_requests_never_get_each_others_cached_kv(engine, fresh, model_dir, adapters):
+    assert load(engine, "all", adapters["all"]).status_code == 200
+    a_prompt, b_prompt = list(range(300, 320)), list(range(400, 420))
+    adapted, based = turn(engine, a_prompt, 6, "all"), turn(engine, b_prompt, 7)
+    a_follow = a_prompt + adapted["output_ids"] + [330, 331]
+    b_follow = b_prompt + based["output_ids"] + [430, 431]
+
+    base_after_adapter = turn(engine, a_follow, 8)  # a base request extending an adapter's sequence
+    adapter_after_base = turn(engine, b_follow, 9, "all")  # and the reverse
+    own_adapter = turn(engine, a_follow, 10, "all")
+    own_base = turn(engine, b_follow, 11)
+
+    assert base_after_adapter["meta_info"]["cached_tokens"] == 0
+    assert adapter_after_base["meta_info"]["cached_tokens"] == 0
+    assert_outputs_match(model_dir, None, a_follow, base_after_adapter)
+    assert_outputs_match(model_dir, adapters["all"], b_follow, adapter_after_base)
+    # each still hits its own weights' entry, not the longer one the other weights left since
+    assert own_adapter["meta_info"]["cached_tokens"] == reused(a_prompt, adapted)
+    assert own_base["meta_info"]["cached_tokens"] == reused(b_prompt, based)
+    assert_outputs_match(model_dir, adapters["all"], a_follow, own_adapter)
+    assert_outputs_match(model_dir, None, b_follow, own_base)
+    assert unload(engine, "all").status_code == 200
+
+
+def test_a_batch_mixing_base_and_adapter_turns_serves_each_from_its_own_kv(engine, fresh, model_dir, adapters):
+    for name in ("attn-rslora", "mlp"):
+        assert load(engine, name, adapters[name]).status_code == 200
+    names = [None, "attn-rslora", "mlp"]
+
+    def both(prompts: list[list[int]], seed: int) -> list[dict[str, Any]]:
+        body = {"input_ids": prompts, "return_logprob": True, "lora_path": names,
+                "sampling_params": [{"max_new_tokens": 6, "temperature": 1.0, "sampling_seed": seed + i,
+                                     "ignore_eos": True} for i in range(len(prompts))]}
+        return post(engine, "/generate", body).json()
+
+    firsts = [list(range(500 + 30 * i, 520 + 30 * i)) for i in range(3)]
+    first = both(firsts, 20)
+    follows = [p + r["output_ids"] + [700, 701] for p, r in zip(firsts, first, strict=True)]
+    second = both(follows, 30)
+
+    for name, prompt, r1, follow, r2 in zip(names, firsts, first, follows, second, strict=True):
+        adapter = adapters[name] if name else None
+        assert r1["meta_info"]["cached_tokens"] == 0
+        assert r2["meta_info"]["cached_tokens"] == reused(prompt, r1)
+        assert_outputs_match(model_dir, adapter, prompt, r1)
+        assert_outputs_match(model_dir, adapter, follow, r2)
+    for name in ("attn-rslora", "mlp"):
+        assert unload(engine, name).status_code == 200
 
 
 def test_unload_then_load_again_under_the_same_name_serves_the_new_weights(engine, model_dir, adapters):

@@ -72,3 +72,26 @@ def test_a_zero_budget_turns_it_off_and_mismatched_kv_is_refused():
     assert not off.enabled and len(off) == 0 and off.get([1, 2, 3, 4]) is None
     with pytest.raises(ValueError, match="KV of 2 positions for 3 tokens"):
         PrefixCache(max_tokens=100, min_tokens=1).put([1, 2, 3], _kv([1, 2]))
+
+
+def test_entries_serve_only_the_weights_that_computed_them_within_one_budget():
+    """KV of the base, of an adapter, and of the same adapter's next load (a LoRA weight sync) never mix."""
+    cache = PrefixCache(max_tokens=12, min_tokens=1)
+    tokens = [1, 2, 3, 4]
+    cache.put(tokens, _kv(tokens), ("policy", 1))
+    assert cache.get(tokens + [5]) is None  # base
+    assert cache.get(tokens + [5], ("policy", 2)) is None  # the adapter reloaded under the same name
+    assert cache.get(tokens + [5], ("other", 1)) is None
+    assert cache.get(tokens + [5], ("policy", 1)).n == 4
+    cache.put(tokens, _kv([9, 9, 9, 9]))  # the same tokens under the base: a separate entry
+    assert len(cache) == 2 and cache.get(tokens + [5]).layers[0][0][0, 0, :, 1].tolist() == [9, 9, 9, 9]
+    assert cache.get(tokens + [5], ("policy", 1)).layers[0][0][0, 0, :, 1].tolist() == tokens
+
+    cache.put([7, 7, 7, 7], _kv([7, 7, 7, 7]), ("policy", 2))
+    cache.put([8, 8, 8, 8], _kv([8, 8, 8, 8]))  # 16 > 12 tokens: the least recent goes, whatever its weights
+    assert cache.stored_tokens() == 12 and cache.stats["evictions"] == 1
+    assert cache.get(tokens + [5]) is None  # the base entry: the adapter's was touched after it
+    assert cache.get(tokens + [5], ("policy", 1)).n == 4
+    # unloading the adapter frees all its loads' KV; the base's stays
+    assert cache.drop_adapter("policy") == 8 and cache.stored_tokens() == 4 and len(cache) == 1
+    assert cache.get([7, 7, 7, 7, 1], ("policy", 2)) is None and cache.get([8, 8, 8, 8, 1]).n == 4
