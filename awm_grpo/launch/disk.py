@@ -112,7 +112,7 @@ def plan(cfg: ResolvedConfig) -> DiskPlan:
     out.keep = cfg["training.keep_checkpoints"] or 0
     if out.parameters is not None:
         if out.lora_rank:
-            out.save = lora_save_sizes(out.parameters, out.adapter_parameters, out.serving_dtype)
+            out.save = save_sizes(out.parameters, out.serving_dtype, adapter=out.adapter_parameters)
             # each sync writes the adapter alone in the serving dtype (train_worker.export_adapter)
             out.export_each = save_sizes(out.adapter_parameters, out.serving_dtype)["model"]
         else:
@@ -141,17 +141,6 @@ def plan(cfg: ResolvedConfig) -> DiskPlan:
         out.notes.append("the trainer spans nodes: every rank writes its shard of each save into SAVE_DIR, so it "
                          "must be a filesystem all trainer nodes mount at the same path (NFS, Lustre, ...)")
     return out
-
-
-def lora_save_sizes(parameters: int, adapter: int, serving_dtype: str) -> dict[str, int]:
-    """Bytes of one LoRA save (TorchTrainer.checkpoint_sizes' parts): model/ = the merged weights in the serving
-    dtype; adapter/ = the peft folder in fp32; master and optimizer = trainer/'s fp32 adapter and its two AdamW
-    moments. The frozen base is not trainer state: a LoRA save is model/ + 16 bytes an adapter parameter."""
-    from slime.backends.checkpoint import save_sizes
-
-    fp32 = save_sizes(adapter, "float32")  # the adapter in the trainer's dtype, no separate master copy
-    return {"model": save_sizes(parameters, serving_dtype)["model"], "adapter": fp32["model"],
-            "master": fp32["model"], "optimizer": fp32["optimizer"]}
 
 
 def _eval_episodes(cfg: ResolvedConfig) -> int:

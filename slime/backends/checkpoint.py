@@ -116,12 +116,19 @@ def dtype_name(dtype: str | torch.dtype) -> str:
 
 
 def save_sizes(parameters: int, serving_dtype: str | torch.dtype, *, master_dtype: str | torch.dtype = "float32",
-               optimizer_moments: int = 2) -> dict[str, int]:
+               optimizer_moments: int = 2, adapter: int = 0) -> dict[str, int]:
     """Bytes of one save of a model with `parameters` (unique) weights, trained in `master_dtype` with
     AdamW (`optimizer_moments` tensors per weight): model/ in the serving dtype, the master weights in
-    trainer/ unless model/ already is exact, and the optimizer moments. Files below 1 MB not counted."""
+    trainer/ unless model/ already is exact, and the optimizer moments. Files below 1 MB not counted.
+
+    `adapter` > 0 (LoRA, that many adapter parameters on the frozen `parameters`): model/ holds the merged
+    weights, adapter/ the peft folder and trainer/ the adapter with its moments, all in `master_dtype`;
+    nothing of the base is trainer state."""
     serving, master = dtype_of(serving_dtype), dtype_of(master_dtype)
     size = torch.empty(0, dtype=master).element_size()
+    if adapter:
+        return {"model": parameters * torch.empty(0, dtype=serving).element_size(), "adapter": adapter * size,
+                "master": adapter * size, "optimizer": adapter * size * optimizer_moments}
     return {
         "model": parameters * torch.empty(0, dtype=serving).element_size(),
         "master": 0 if serving == master else parameters * size,

@@ -532,9 +532,7 @@ class TorchTrainer:
         count = sum(p.numel() for p in self.runner.parameters())  # a DTensor's numel is its global size
         if self.lora is not None:  # model/: the merged weights; trainer/: the adapter and its moments
             adapter = sum(p.numel() for _, p in lora_mod.adapter_parameters(self.runner))
-            sizes = ckpt.save_sizes(count - adapter, dtype, master_dtype=self._param_dtype())
-            size = torch.empty(0, dtype=self._param_dtype()).element_size()
-            sizes.update(master=adapter * size, optimizer=2 * adapter * size, adapter=adapter * size)
+            sizes = ckpt.save_sizes(count - adapter, dtype, master_dtype=self._param_dtype(), adapter=adapter)
         else:
             sizes = ckpt.save_sizes(count, dtype, master_dtype=self._param_dtype())
         state = [v for s in self.optimizer.state.values() for v in s.values() if isinstance(v, Tensor) and v.dim()]
