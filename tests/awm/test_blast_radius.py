@@ -35,6 +35,17 @@ def spin_sync():
         n += 1
 
 
+class SlowToName(Exception):
+    def __str__(self):  # runs in the server's own error handling, after the handler has failed
+        while True:
+            pass
+
+
+@app.get("/slow_error", operation_id="slow_error", summary="Fail with an exception whose message never comes")
+async def slow_error():
+    raise SlowToName()
+
+
 @app.get("/leak", operation_id="leak", summary="Keep memory in a module global")
 async def leak(mb: int = 100):
     LEAK.append(bytearray(mb << 20))
@@ -100,7 +111,8 @@ def test_a_bystanders_crash_is_no_strike_against_a_loading_scenario(blast_data_d
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("tool,arguments", [("run_sql", {"sql": RECURSIVE_CTE}), ("spin", {}), ("spin_sync", {})])
+@pytest.mark.parametrize("tool,arguments", [("run_sql", {"sql": RECURSIVE_CTE}), ("spin", {}), ("spin_sync", {}),
+                                            ("slow_error", {})])
 def test_slow_call_fails_alone_and_the_worker_survives(blast_data_dir, cache_dir, tool, arguments):
     async def main():
         with EnvRuntime(blast_data_dir, num_workers=1, cache_dir=cache_dir, call_timeout_s=2.0) as rt:

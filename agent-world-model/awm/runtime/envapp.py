@@ -25,6 +25,7 @@ import os
 import sqlite3
 import sys
 import time
+import traceback
 import types
 import warnings
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ import sqlalchemy.engine
 from sqlalchemy.pool import StaticPool
 
 from awm.runtime.argcheck import Check, compile_check
-from awm.runtime.deadline import ENV_CODE_PREFIX, CallDeadline
+from awm.runtime.deadline import ENV_CODE_PREFIX, CallDeadline, CallInterrupted
 from awm.runtime.dispatch import Dispatcher, interrupted_reply, short_traceback
 from awm.runtime.isolation import guarded_import, module_state
 from awm.tools import Observation, ToolSpec, build_request, observation_from_response, tools_from_openapi
@@ -235,7 +236,24 @@ def _validation_message(err: jsonschema.ValidationError) -> str:
 
 
 async def call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, name: str, arguments: Any) -> Observation:
-    """Validate and dispatch one tool call against the episode's database `db`."""
+    """Validate and dispatch one tool call against the episode's database `db`.
+
+    The soft deadline's interrupt can land outside the dispatcher's guard: in its own handling of the
+    scenario's failure (formatting an exception whose `__str__` is the scenario's), or late, after the
+    scenario's frames returned (CPython delivers an async exception at the thread's next check). It is
+    the same interrupted call either way; its log detail keeps frame names only, since formatting the
+    exception chain would call the scenario's code again."""
+    try:
+        return await _call_tool(env, router, db, name, arguments)
+    except CallInterrupted as exc:
+        frames = "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__, limit=-6)))
+        status, body, obs_detail = interrupted_reply(frames)
+        obs = observation_from_response(name, status, body)
+        obs.detail = obs_detail
+        return obs
+
+
+async def _call_tool(env: LoadedEnv, router: EpisodeRouter, db: EpisodeDB, name: str, arguments: Any) -> Observation:
     t0 = time.perf_counter()
     tool = env.tools.get(name) if type(name) is str else None
     if tool is None:
