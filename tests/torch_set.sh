@@ -27,8 +27,8 @@ DEFAULT_TESTS=(
   tests/slime/test_checkpoint_disk.py tests/slime/test_weight_sync.py tests/slime/test_weight_sync_sglang.py
   tests/slime/test_tiny_model.py tests/slime/test_losses.py tests/slime/test_inplace_load.py
 )
-# Runs whose subject is our code, not the set's torch: the disk-full run trains through slime.train three
-# times (76 s under the cu12 set) to check our save refusal; its file-size-cap tests keep DCP's writes here.
+# Runs whose subject is our code, not the set's torch: the disk-full run trains through slime.train twice
+# (76 s under the cu12 set) to check our save refusal; its file-size-cap tests keep DCP's writes here.
 DESELECTED=(
   tests/slime/test_checkpoint_disk.py::test_a_training_run_that_fills_its_disk_stops_with_the_sentence_then_resumes
 )

@@ -126,14 +126,12 @@ def save_sizes(parameters: int, serving_dtype: str | torch.dtype, *, master_dtyp
     nothing of the base is trainer state."""
     serving, master = dtype_of(serving_dtype), dtype_of(master_dtype)
     size = torch.empty(0, dtype=master).element_size()
+    model = parameters * torch.empty(0, dtype=serving).element_size()
     if adapter:
-        return {"model": parameters * torch.empty(0, dtype=serving).element_size(), "adapter": adapter * size,
-                "master": adapter * size, "optimizer": adapter * size * optimizer_moments}
-    return {
-        "model": parameters * torch.empty(0, dtype=serving).element_size(),
-        "master": 0 if serving == master else parameters * size,
-        "optimizer": parameters * size * optimizer_moments,
-    }
+        return {"model": model, "adapter": adapter * size, "master": adapter * size,
+                "optimizer": adapter * size * optimizer_moments}
+    return {"model": model, "master": 0 if serving == master else parameters * size,
+            "optimizer": parameters * size * optimizer_moments}
 
 
 def parameter_count(model_dir: str | os.PathLike) -> int:
